@@ -1,0 +1,191 @@
+"""The core data shapes that flow between the parts of the correlator.
+
+    OTLP bytes --decode--> Span --normalise--> Span(role, request_key)
+      --store--> rows --assemble--> RequestFacts --judge(topology)--> RequestSummary
+
+Each arrow is a separate package (`otlp`, `normalize`, `store`, `assembly`, `verdicts`);
+these types are the contracts between them, so they live here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+AttrValue = str | bool | int | float | list[Any] | dict[str, Any] | None
+
+
+@dataclass(slots=True)
+class Span:
+    """One span as received, with hex ids and plain Python attribute values.
+
+    `role`, `canonical_name`, `generation` and `request_key` are filled by normalisation;
+    everything else is what the sender sent (minus content attributes, dropped at ingest).
+    """
+
+    trace_id: str  # 32 lowercase hex
+    span_id: str  # 16 lowercase hex
+    parent_span_id: str | None
+    name: str
+    kind: int  # OTLP SpanKind number (0 unspecified, 1 internal, 2 server, 3 client, ...)
+    start_ns: int
+    end_ns: int
+    status_code: int = 0  # 0 unset, 1 ok, 2 error
+    status_message: str = ""
+    service_name: str = ""
+    scope_name: str = ""
+    attributes: dict[str, AttrValue] = field(default_factory=dict)
+    resource: dict[str, AttrValue] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    # Filled by normalisation.
+    role: str = "other"
+    canonical_name: str = ""
+    generation: str = ""
+    request_key: str | None = None
+
+    @property
+    def duration_s(self) -> float:
+        return max(0, self.end_ns - self.start_ns) / 1e9
+
+
+@dataclass(slots=True)
+class Endpoint:
+    """Where one leg of a request ran, as far as the spans say; topology fills the rest."""
+
+    pod: str | None = None
+    node: str | None = None
+    gpu: str | None = None
+    nic: str | None = None
+    rail: str | None = None
+    address: str | None = None  # host:port the router or sidecar named
+    host: str | None = None  # host.name resource attribute
+    service: str | None = None
+    span_id: str | None = None
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One endpoint the router scored."""
+
+    endpoint: str
+    score: float | None = None
+    scorer_scores: dict[str, float] = field(default_factory=dict)
+    topology: str | None = None  # zone/block/subblock/host when the router shim recorded it
+    pod: str | None = None
+
+
+@dataclass(slots=True)
+class RouterPick:
+    """One pick of the router: which profile, what it chose, and among what."""
+
+    profile: str  # prefill | decode | "" when unknown
+    chosen: str | None
+    candidates: list[Candidate]
+    span_id: str
+    source: str  # "router_shim" | "epp_picker"
+
+
+@dataclass(slots=True)
+class KVFacts:
+    """What the KV-transfer span (or, lacking one, inference) says about the transfer."""
+
+    span_id: str | None = None
+    operation: str | None = None
+    connector: str | None = None
+    backend: str | None = None
+    bytes: int | None = None
+    descriptors: int | None = None
+    duration_s: float | None = None
+    transport: str = "unknown"
+    devices: list[str] = field(default_factory=list)
+    split: list[float] = field(default_factory=list)
+    local_gpu: str | None = None
+    remote_host: str | None = None
+    remote_engine_id: str | None = None
+    error_type: str | None = None
+    evidence: str | None = None
+    # Where the transfer ran (resource attributes of the emitting process).
+    pod: str | None = None
+    node: str | None = None
+    host: str | None = None
+
+
+@dataclass(slots=True)
+class Flag:
+    name: str
+    evidence: str
+    span_id: str | None = None
+
+
+@dataclass(slots=True)
+class RequestFacts:
+    """Everything assembly learnt about one request from its spans, before topology.
+
+    The verdicts turn this plus the topology model into the request summary.
+    """
+
+    trace_id: str  # the primary trace (the one holding the gateway or sidecar root)
+    trace_ids: list[str]
+    request_id: str | None
+    model: str | None
+    start_ns: int
+    end_ns: int
+    ttft_s: float | None
+    e2e_s: float | None
+    breakdown_s: dict[str, float]
+    prefill: Endpoint
+    decode: Endpoint
+    kv: KVFacts | None
+    picks: list[RouterPick]
+    flags: list[Flag]  # flags assembly can decide alone (broken_trace)
+    span_count: int
+    complete: bool  # root ended; False while hops are still missing
+    timing_sources: dict[str, str] = field(default_factory=dict)  # stage -> attribute/span used
+
+
+@dataclass(slots=True)
+class KVSummary:
+    transport: str = "unknown"
+    path_class: str = "unknown"
+    bytes: int | None = None
+    duration_s: float | None = None
+    devices: list[str] = field(default_factory=list)
+    evidence: str | None = None
+
+
+@dataclass(slots=True)
+class RequestSummary:
+    """The request summary of PRODUCT.md (keys fixed; extensions after `flags`)."""
+
+    trace_id: str
+    request_id: str | None
+    model: str | None
+    start: str  # RFC 3339 UTC
+    ttft_s: float | None
+    e2e_s: float | None
+    breakdown_s: dict[str, float]
+    prefill: dict[str, str | None]
+    decode: dict[str, str | None]
+    kv_transfer: KVSummary | None
+    flags: list[Flag]
+    # Extensions.
+    trace_ids: list[str] = field(default_factory=list)
+    span_count: int = 0
+    complete: bool = True
+    pairing_level: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+LEG_KEYS = ("pod", "node", "gpu", "nic", "rail")
+
+
+def leg_dict(endpoint: Endpoint) -> dict[str, str | None]:
+    """The five public keys of a leg (`prefill`/`decode`) in the summary."""
+    return {k: getattr(endpoint, k) for k in LEG_KEYS}
+
+
+def rfc3339(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).isoformat().replace("+00:00", "Z")

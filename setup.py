@@ -1,0 +1,21 @@
+"""Maps the top-level folders onto import names that cannot clash in a user's process.
+
+`api/` is imported as `railtrace` and `tracing/` as `railtrace_tracing`: a bare `api` or
+`tracing` package would shadow (or be shadowed by) modules of the same name inside vLLM,
+a gateway or any other host application the shims are loaded into.
+"""
+
+from setuptools import find_packages, setup
+
+FOLDERS = {"railtrace": "api", "railtrace_tracing": "tracing"}
+
+
+def _packages() -> list[str]:
+    names: list[str] = []
+    for name, folder in FOLDERS.items():
+        names.append(name)
+        names.extend(f"{name}.{sub}" for sub in find_packages(folder))
+    return names
+
+
+setup(packages=_packages(), package_dir=dict(FOLDERS))

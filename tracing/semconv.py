@@ -1,0 +1,508 @@
+"""The one registry of names: span names, attribute keys, flag names, metric names.
+
+Everything in railtrace imports its names from here -- the shims, the correlator service,
+the dashboards, the alert rules' tests, the collector-config tests and the generated
+`docs/conventions.md` -- so a name lives in exactly one place. Names that llm-d, vLLM or
+OpenTelemetry already define are listed too (with their origin), because railtrace reads
+them and must spell them the way the real stack does.
+
+This module must stay importable with the standard library alone: it is loaded inside
+users' vLLM and gateway processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+# ---------------------------------------------------------------------------------------
+# Value sets
+# ---------------------------------------------------------------------------------------
+
+
+class Transport(StrEnum):
+    """What physically carried the KV bytes (`llm_d.kv_transfer.transport`)."""
+
+    RDMA = "rdma"
+    TCP = "tcp"
+    NVLINK = "nvlink"
+    SHM = "shm"
+    UNKNOWN = "unknown"
+
+
+class PathClass(StrEnum):
+    """The path a KV transfer took, judged against the topology."""
+
+    NVLINK = "nvlink"
+    SHM = "shm"
+    RDMA_SAME_RAIL = "rdma_same_rail"
+    RDMA_CROSS_RAIL = "rdma_cross_rail"
+    TCP = "tcp"
+    UNKNOWN = "unknown"
+
+
+class FlagName(StrEnum):
+    """Verdict flags attached to a request summary."""
+
+    TCP_FALLBACK = "tcp_fallback"
+    CROSS_RAIL = "cross_rail"
+    GPU_NIC_MISMATCH = "gpu_nic_mismatch"
+    TOPOLOGY_BLIND_PAIRING = "topology_blind_pairing"
+    BROKEN_TRACE = "broken_trace"
+    KV_TRANSFER_FAILED = "kv_transfer_failed"
+    SLOW_KV_TRANSFER = "slow_kv_transfer"
+
+
+FLAG_DESCRIPTIONS: dict[FlagName, str] = {
+    FlagName.TCP_FALLBACK: "The KV transfer ran over TCP although both ends have an RDMA path.",
+    FlagName.CROSS_RAIL: "The KV transfer used a NIC on another rail than the one its GPU is paired with.",
+    FlagName.GPU_NIC_MISMATCH: "The NIC used (or allocated) is not the one paired with the GPU.",
+    FlagName.TOPOLOGY_BLIND_PAIRING: (
+        "The router passed over a topologically closer decode candidate with a comparable score."
+    ),
+    FlagName.BROKEN_TRACE: "Hops of one request arrived in separate traces, or are missing.",
+    FlagName.KV_TRANSFER_FAILED: "The KV transfer ended in error.",
+    FlagName.SLOW_KV_TRANSFER: "The KV transfer ran far below the bandwidth its path class should give.",
+}
+
+
+class Role(StrEnum):
+    """The part a span plays in one P/D request, after normalisation."""
+
+    GATEWAY = "gateway"
+    SCHEDULING = "scheduling"
+    PROXY = "proxy"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    KV_TRANSFER = "kv_transfer"
+    KV_CACHE = "kv_cache"
+    OTHER = "other"
+
+
+class Stage(StrEnum):
+    """Keys of `breakdown_s` in the request summary."""
+
+    SCHEDULING = "scheduling"
+    PREFILL_QUEUE = "prefill_queue"
+    PREFILL = "prefill"
+    KV_TRANSFER = "kv_transfer"
+    DECODE_QUEUE = "decode_queue"
+    DECODE = "decode"
+
+
+class TopologyLevel(StrEnum):
+    """Distance between two GPUs' hosts, nearest first (used for pairing verdicts)."""
+
+    SAME_HOST = "same_host"
+    NVLINK_DOMAIN = "nvlink_domain"
+    SUBBLOCK = "subblock"
+    BLOCK = "block"
+    ZONE = "zone"
+    FAR = "far"
+    UNKNOWN = "unknown"
+
+
+TOPOLOGY_LEVEL_ORDER: tuple[TopologyLevel, ...] = (
+    TopologyLevel.SAME_HOST,
+    TopologyLevel.NVLINK_DOMAIN,
+    TopologyLevel.SUBBLOCK,
+    TopologyLevel.BLOCK,
+    TopologyLevel.ZONE,
+    TopologyLevel.FAR,
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Attribute registry
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Attribute:
+    """One attribute key with its type and, where closed, its allowed values."""
+
+    key: str
+    type: str  # "string" | "int" | "double" | "boolean" | "string[]" | "double[]"
+    description: str
+    origin: str = "railtrace"  # railtrace | llm-d | vllm | otel
+    allowed: tuple[str, ...] = ()
+    content: bool = False  # prompt/completion text: dropped at ingest, never stored
+    unit: str = ""
+
+
+_ATTRIBUTES: list[Attribute] = []
+
+
+def _attr(key: str, type_: str, description: str, **kw: object) -> str:
+    _ATTRIBUTES.append(Attribute(key, type_, description, **kw))  # type: ignore[arg-type]
+    return key
+
+
+# -- railtrace's KV-transfer span (PRODUCT.md contract) ----------------------------------
+SPAN_KV_TRANSFER = "llm_d.kv_transfer"
+
+KV_REQUEST_ID = _attr("llm_d.kv_transfer.request_id", "string", "Request id the transfer serves.")
+KV_OPERATION = _attr(
+    "llm_d.kv_transfer.operation", "string", "NIXL operation.", allowed=("read", "write")
+)
+KV_CONNECTOR = _attr("llm_d.kv_transfer.connector", "string", "KV connector, e.g. `nixl`.")
+KV_BACKEND = _attr("llm_d.kv_transfer.backend", "string", "Connector backend, e.g. `UCX`.")
+KV_BYTES = _attr("llm_d.kv_transfer.bytes", "int", "Bytes moved.", unit="By")
+KV_DESCRIPTORS = _attr("llm_d.kv_transfer.descriptors", "int", "Number of transfer descriptors.")
+KV_TRANSPORT = _attr(
+    "llm_d.kv_transfer.transport",
+    "string",
+    "Transport UCX actually used, from its own logs; `unknown` without evidence.",
+    allowed=tuple(t.value for t in Transport),
+)
+KV_DEVICES = _attr(
+    "llm_d.kv_transfer.devices",
+    "string[]",
+    "Local `transport/device` lanes actually used, e.g. `rc_mlx5/mlx5_3:1`.",
+)
+KV_LOCAL_GPU = _attr("llm_d.kv_transfer.local.gpu", "string", "Local GPU whose memory was registered.")
+KV_REMOTE_HOST = _attr("llm_d.kv_transfer.remote.host", "string", "Peer host (from kv_transfer_params).")
+KV_REMOTE_ENGINE_ID = _attr(
+    "llm_d.kv_transfer.remote.engine_id", "string", "Peer engine id (from kv_transfer_params)."
+)
+KV_EVIDENCE = _attr(
+    "llm_d.kv_transfer.evidence",
+    "string",
+    "Where the transport came from, e.g. `ucx proto_info cfg#1 ucp_get*`.",
+)
+KV_SPLIT = _attr(
+    "llm_d.kv_transfer.split",
+    "double[]",
+    "Share of bytes per entry of `.devices` when UCX split across rails (0..1).",
+)
+KV_POST_DURATION_S = _attr(
+    "llm_d.kv_transfer.post_duration_s", "double", "NIXL post time (telemetry).", unit="s"
+)
+KV_WARNINGS = _attr(
+    "llm_d.kv_transfer.warnings", "string[]", "UCX/NIXL warnings seen for this endpoint."
+)
+
+# -- Router scoring shim: the full candidate list ----------------------------------------
+ROUTER_PROFILE = _attr(
+    "llm_d.router.profile", "string", "Scheduling profile the pick served.", allowed=("prefill", "decode")
+)
+ROUTER_CHOSEN = _attr("llm_d.router.chosen_endpoint", "string", "Endpoint (`host:port`) picked.")
+ROUTER_CANDIDATE_ENDPOINTS = _attr(
+    "llm_d.router.candidate.endpoints", "string[]", "Every endpoint scored, in order."
+)
+ROUTER_CANDIDATE_SCORES = _attr(
+    "llm_d.router.candidate.scores", "double[]", "Weighted total score per candidate."
+)
+ROUTER_CANDIDATE_SCORER_SCORES = _attr(
+    "llm_d.router.candidate.scorer_scores",
+    "string[]",
+    "Per candidate, a JSON object of scorer name to score.",
+)
+ROUTER_CANDIDATE_TOPOLOGY = _attr(
+    "llm_d.router.candidate.topology",
+    "string[]",
+    "Per candidate, its topology key `zone/block/subblock/host` (empty parts unknown).",
+)
+ROUTER_CANDIDATE_PODS = _attr("llm_d.router.candidate.pods", "string[]", "Per candidate, its pod name.")
+
+# -- Engine shim role -------------------------------------------------------------------
+LLM_D_ROLE = _attr("llm_d.role", "string", "Role of an engine process.", allowed=("prefill", "decode"))
+
+# -- llm-d EPP / router (read, not emitted by railtrace except through the shims) ---------
+EPP_PROFILE_NAME = _attr(
+    "llm_d.epp.scheduling.profile.name", "string", "Scheduling profile.", origin="llm-d"
+)
+EPP_DECISION = _attr("llm_d.epp.profile_handler.decision", "string", "P/D decision.", origin="llm-d")
+EPP_DECISION_LEGACY = _attr(
+    "llm_d.profile_handler.decision", "string", "P/D decision (<= v0.8.0).", origin="llm-d"
+)
+EPP_PICKER_TOP_ENDPOINTS = _attr(
+    "llm_d.epp.picker.top_endpoints", "string[]", "Top endpoints of the picker.", origin="llm-d"
+)
+EPP_PICKER_TOP_SCORES = _attr(
+    "llm_d.epp.picker.top_scores", "double[]", "Their scores.", origin="llm-d"
+)
+EPP_PICKER_CANDIDATES = _attr(
+    "llm_d.epp.picker.candidate_endpoints", "int", "Candidates at the picker.", origin="llm-d"
+)
+EPP_FILTER_CANDIDATES = _attr(
+    "llm_d.epp.filter.candidate_endpoints", "int", "Candidates before filtering.", origin="llm-d"
+)
+EPP_FILTER_FILTERED = _attr(
+    "llm_d.epp.filter.filtered_endpoints", "int", "Candidates after filtering.", origin="llm-d"
+)
+EPP_SCORER_TYPE = _attr("llm_d.epp.scorer.type", "string", "Scorer type.", origin="llm-d")
+EPP_SCORER_NAME = _attr("llm_d.epp.scorer.name", "string", "Scorer name.", origin="llm-d")
+EPP_SCORER_WEIGHT = _attr("llm_d.epp.scorer.weight", "double", "Scorer weight.", origin="llm-d")
+EPP_SCORER_SCORE_MAX = _attr("llm_d.epp.scorer.score.max", "double", "Max score.", origin="llm-d")
+EPP_SCORER_SCORE_AVG = _attr("llm_d.epp.scorer.score.avg", "double", "Mean score.", origin="llm-d")
+EPP_PD_PREFILL_ADDRESS = _attr(
+    "llm_d.epp.pd.prefill_pod_address", "string", "Prefill pod address.", origin="llm-d"
+)
+EPP_PD_PREFILL_PORT = _attr("llm_d.epp.pd.prefill_pod_port", "string", "Prefill pod port.", origin="llm-d")
+EPP_PD_DISAGG_USED = _attr(
+    "llm_d.epp.pd.disaggregation_used", "boolean", "Whether P/D was used.", origin="llm-d"
+)
+GEN_AI_REQUEST_MODEL = _attr("gen_ai.request.model", "string", "Requested model.", origin="otel")
+GEN_AI_RESPONSE_MODEL = _attr("gen_ai.response.model", "string", "Model that answered.", origin="otel")
+GEN_AI_REQUEST_ID = _attr(
+    "gen_ai.request.id", "string", "Request id (vLLM: prefixed OpenAI id).", origin="vllm"
+)
+TARGET_MODEL = _attr("target_model", "string", "Target model (orchestration span).", origin="llm-d")
+
+# -- llm-d P/D sidecar ------------------------------------------------------------------
+PD_REQUEST_ID = _attr(
+    "llm_d.pd_proxy.request_id", "string", "UUID sent as x-request-id to both legs.", origin="llm-d"
+)
+PD_CONNECTOR = _attr("llm_d.pd_proxy.connector", "string", "P/D connector, e.g. `nixlv2`.", origin="llm-d")
+PD_PREFILL_TARGET = _attr("llm_d.pd_proxy.prefill_target", "string", "Prefill host:port.", origin="llm-d")
+PD_DECODE_TARGET = _attr("llm_d.pd_proxy.decode.target", "string", "Decode host:port.", origin="llm-d")
+PD_PREFILL_DURATION_MS = _attr(
+    "llm_d.pd_proxy.prefill_duration_ms", "double", "Prefill leg duration.", origin="llm-d", unit="ms"
+)
+PD_DECODE_DURATION_MS = _attr(
+    "llm_d.pd_proxy.decode_duration_ms", "double", "Decode leg duration.", origin="llm-d", unit="ms"
+)
+PD_PREFILL_LEG_DURATION_MS = _attr(
+    "llm_d.pd_proxy.prefill.duration_ms", "double", "Prefill span duration.", origin="llm-d", unit="ms"
+)
+PD_DECODE_LEG_DURATION_MS = _attr(
+    "llm_d.pd_proxy.decode.duration_ms", "double", "Decode span duration.", origin="llm-d", unit="ms"
+)
+PD_TOTAL_DURATION_MS = _attr(
+    "llm_d.pd_proxy.total_duration_ms", "double", "Sidecar total.", origin="llm-d", unit="ms"
+)
+PD_TRUE_TTFT_MS = _attr(
+    "llm_d.pd_proxy.true_ttft_ms", "double", "Sidecar start to decode start.", origin="llm-d", unit="ms"
+)
+PD_COORDINATOR_OVERHEAD_MS = _attr(
+    "llm_d.pd_proxy.coordinator_overhead_ms", "double", "Sidecar overhead.", origin="llm-d", unit="ms"
+)
+PD_PREFILL_STATUS = _attr(
+    "llm_d.pd_proxy.prefill.status_code", "int", "Prefill HTTP status.", origin="llm-d"
+)
+PD_DECODE_STREAMING = _attr("llm_d.pd_proxy.decode.streaming", "boolean", "Streaming.", origin="llm-d")
+
+# -- vLLM llm_request --------------------------------------------------------------------
+VLLM_TTFT = _attr(
+    "gen_ai.latency.time_to_first_token", "double", "Engine TTFT.", origin="vllm", unit="s"
+)
+VLLM_E2E = _attr("gen_ai.latency.e2e", "double", "Engine end to end.", origin="vllm", unit="s")
+VLLM_QUEUE = _attr("gen_ai.latency.time_in_queue", "double", "Queued time.", origin="vllm", unit="s")
+VLLM_PREFILL = _attr(
+    "gen_ai.latency.time_in_model_prefill", "double", "Model prefill time.", origin="vllm", unit="s"
+)
+VLLM_DECODE = _attr(
+    "gen_ai.latency.time_in_model_decode", "double", "Model decode time.", origin="vllm", unit="s"
+)
+VLLM_INFERENCE = _attr(
+    "gen_ai.latency.time_in_model_inference", "double", "Model inference time.", origin="vllm", unit="s"
+)
+VLLM_PROMPT_TOKENS = _attr("gen_ai.usage.prompt_tokens", "int", "Prompt tokens (old name).", origin="vllm")
+VLLM_COMPLETION_TOKENS = _attr(
+    "gen_ai.usage.completion_tokens", "int", "Completion tokens (old name).", origin="vllm"
+)
+GEN_AI_INPUT_TOKENS = _attr("gen_ai.usage.input_tokens", "int", "Input tokens.", origin="otel")
+GEN_AI_OUTPUT_TOKENS = _attr("gen_ai.usage.output_tokens", "int", "Output tokens.", origin="otel")
+GEN_AI_MAX_TOKENS = _attr("gen_ai.request.max_tokens", "int", "max_tokens.", origin="otel")
+
+# -- Generic OpenTelemetry keys railtrace reads or writes -----------------------------------
+ERROR_TYPE = _attr("error.type", "string", "Error class on failure.", origin="otel")
+HTTP_REQUEST_ID_HEADER = _attr(
+    "http.request.header.x-request-id", "string[]", "x-request-id request header.", origin="otel"
+)
+SERVER_ADDRESS = _attr("server.address", "string", "Server host.", origin="otel")
+SERVER_PORT = _attr("server.port", "int", "Server port.", origin="otel")
+
+# -- Resource attributes ----------------------------------------------------------------
+RES_SERVICE_NAME = _attr("service.name", "string", "Service name.", origin="otel")
+RES_POD = _attr("k8s.pod.name", "string", "Pod name.", origin="otel")
+RES_NODE = _attr("k8s.node.name", "string", "Node name.", origin="otel")
+RES_NAMESPACE = _attr("k8s.namespace.name", "string", "Namespace.", origin="otel")
+RES_HOST = _attr("host.name", "string", "Host name.", origin="otel")
+RES_POD_IP = _attr("k8s.pod.ip", "string", "Pod IP.", origin="otel")
+RES_VLLM_MODULE = _attr(
+    "vllm.instrumenting_module_name", "string", "vLLM tracer module.", origin="vllm"
+)
+
+# -- Content: never stored ----------------------------------------------------------------
+CONTENT_ATTRIBUTES: tuple[str, ...] = tuple(
+    _attr(key, "string", "Prompt or completion content; dropped at ingest.", origin="otel", content=True)
+    for key in (
+        "gen_ai.input.messages",
+        "gen_ai.output.messages",
+        "gen_ai.system_instructions",
+        "gen_ai.prompt",
+        "gen_ai.completion",
+        "llm.prompts",
+        "llm.input_messages",
+        "llm.output_messages",
+        "input.value",
+        "output.value",
+    )
+)
+
+ATTRIBUTES: tuple[Attribute, ...] = tuple(_ATTRIBUTES)
+ATTRIBUTES_BY_KEY: dict[str, Attribute] = {a.key: a for a in ATTRIBUTES}
+
+# Span names railtrace's shims emit (compatible with the llm-d names they imitate).
+SPAN_GATEWAY_REQUEST = "gateway.request"
+SPAN_PICK_ENDPOINTS = "pick_endpoints"
+SPAN_RUN_SCHEDULER_PROFILE = "run_scheduler_profile"
+SPAN_PD_FORWARD = "forward_request"
+SPAN_PD_PREFILL = "prefill"
+SPAN_PD_DECODE = "decode"
+SPAN_VLLM_REQUEST = "llm_request"
+
+SPAN_NAMES: dict[str, str] = {
+    SPAN_KV_TRANSFER: "One KV-cache transfer (railtrace shim).",
+    SPAN_GATEWAY_REQUEST: "Gateway server span (llm-d EPP name; railtrace ASGI shim).",
+    SPAN_RUN_SCHEDULER_PROFILE: "One scheduling profile run (llm-d EPP; router shim).",
+    SPAN_PICK_ENDPOINTS: "Endpoint pick with candidates (llm-d EPP; router shim adds the full list).",
+    SPAN_PD_FORWARD: "P/D proxy request (llm-d sidecar; P/D shim).",
+    SPAN_PD_PREFILL: "Prefill leg (llm-d sidecar; P/D shim).",
+    SPAN_PD_DECODE: "Decode leg, child of prefill (llm-d sidecar; P/D shim).",
+    SPAN_VLLM_REQUEST: "Engine request span (vLLM; engine shim).",
+}
+
+
+# ---------------------------------------------------------------------------------------
+# Metric registry (Prometheus names exposed on the service's /metrics)
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """A Prometheus metric family of the service. `name` is the exposed family name."""
+
+    name: str
+    type: str  # counter | gauge | histogram
+    description: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = field(default=())
+
+
+_METRICS: list[Metric] = []
+
+
+def _metric(name: str, type_: str, description: str, labels: tuple[str, ...] = (), **kw: object) -> str:
+    _METRICS.append(Metric(name, type_, description, labels, **kw))  # type: ignore[arg-type]
+    return name
+
+
+METRIC_PREFIX = "llm_d_tracing_"
+
+# Verdicts (counted once per assembled request; late updates count the change only).
+M_REQUESTS = _metric(
+    "llm_d_tracing_requests_total", "counter", "Requests assembled, by path class.", ("path_class", "model")
+)
+M_FLAGS = _metric(
+    "llm_d_tracing_flags_total", "counter", "Flags raised on requests.", ("flag", "path_class")
+)
+M_KV_TRANSFERS = _metric(
+    "llm_d_tracing_kv_transfers_total", "counter", "KV transfers seen.", ("transport", "path_class")
+)
+M_KV_DURATION = _metric(
+    "llm_d_tracing_kv_transfer_duration_seconds",
+    "histogram",
+    "KV-transfer duration by path class.",
+    ("path_class",),
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+M_KV_BANDWIDTH = _metric(
+    "llm_d_tracing_kv_transfer_bandwidth_bytes_per_second",
+    "histogram",
+    "Effective KV-transfer bandwidth by path class.",
+    ("path_class",),
+    buckets=(1e7, 1e8, 5e8, 1e9, 2.5e9, 5e9, 1e10, 2.5e10, 5e10, 1e11, 2e11),
+)
+M_KV_NODE_BYTES = _metric(
+    "llm_d_tracing_kv_transfer_bytes_total",
+    "counter",
+    "KV bytes by the node and NIC that ran the transfer.",
+    ("node", "nic", "path_class"),
+)
+M_KV_NODE_SECONDS = _metric(
+    "llm_d_tracing_kv_transfer_seconds_total",
+    "counter",
+    "KV-transfer seconds by node and NIC (bytes_total / seconds_total = bandwidth).",
+    ("node", "nic", "path_class"),
+)
+M_TTFT = _metric(
+    "llm_d_tracing_ttft_seconds",
+    "histogram",
+    "Time to first token by path class.",
+    ("path_class",),
+    buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0),
+)
+M_STAGE = _metric(
+    "llm_d_tracing_stage_duration_seconds",
+    "histogram",
+    "Per-stage seconds of the TTFT breakdown.",
+    ("stage", "path_class"),
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+M_PAIRINGS = _metric(
+    "llm_d_tracing_pairings_total",
+    "counter",
+    "Prefill/decode node pairings and their topology level.",
+    ("prefill_node", "decode_node", "level"),
+)
+# Ingest and assembly health.
+M_SPANS_RECEIVED = _metric(
+    "llm_d_tracing_spans_received_total", "counter", "Spans committed, by receiver.", ("protocol",)
+)
+M_SPANS_REJECTED = _metric(
+    "llm_d_tracing_spans_rejected_total", "counter", "Spans rejected, by reason.", ("reason",)
+)
+M_EXPORTS = _metric(
+    "llm_d_tracing_export_requests_total",
+    "counter",
+    "OTLP export calls, by receiver and outcome.",
+    ("protocol", "outcome"),
+)
+M_DUPLICATE_SPANS = _metric(
+    "llm_d_tracing_duplicate_spans_total", "counter", "Spans received again (exporter retries)."
+)
+M_LATE_SPANS = _metric(
+    "llm_d_tracing_late_spans_total", "counter", "Spans that reopened an assembled request."
+)
+M_STITCHED = _metric(
+    "llm_d_tracing_stitched_requests_total", "counter", "Requests joined from several traces."
+)
+M_INGEST_QUEUE = _metric(
+    "llm_d_tracing_ingest_queue_depth", "gauge", "Spans accepted by receivers, waiting for commit."
+)
+M_PENDING = _metric(
+    "llm_d_tracing_pending_requests", "gauge", "Traces waiting for their quiet period to assemble."
+)
+M_ASSEMBLY_LAG = _metric(
+    "llm_d_tracing_assembly_lag_seconds",
+    "histogram",
+    "From a request's last span arriving to its verdict being stored.",
+    buckets=(0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0),
+)
+M_THROTTLED = _metric(
+    "llm_d_tracing_throttled_exports_total", "counter", "Exports answered 429/503 (backpressure).", ("protocol",)
+)
+M_CONTRACT = _metric(
+    "llm_d_tracing_contract_obligations",
+    "gauge",
+    "Pods per topology-contract obligation and status.",
+    ("obligation", "status"),
+)
+
+METRICS: tuple[Metric, ...] = tuple(_METRICS)
+METRICS_BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+
+
+# ---------------------------------------------------------------------------------------
+# Environment variables read by the shims (zero-code enablement)
+# ---------------------------------------------------------------------------------------
+
+ENV_ENABLE = "RAILTRACE_SHIMS"  # comma list: nixl,gateway,router,pd or "all"; empty = off
+ENV_UCX_LOG = "RAILTRACE_UCX_LOG"  # where the shim routes UCX's log (file the shim owns)
+ENV_VARS: dict[str, str] = {
+    ENV_ENABLE: "Which shims `opentelemetry-instrument` turns on (`all`, or a comma list). Off when unset.",
+    ENV_UCX_LOG: "Path of the UCX log file the KV shim reads evidence from (default: a private temp file).",
+}
