@@ -1,0 +1,95 @@
+"""`railtrace` command line. The parser lives here; each subcommand's work lives with its part.
+
+Subcommand implementations are imported lazily so that `railtrace ucx-evidence` on an
+operator's laptop does not pay for the service's imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# subcommand -> "module:function"; the function takes the parsed namespace, returns an exit code.
+HANDLERS = {
+    "serve": "railtrace.server.runner:serve_command",
+    "demo": "railtrace.demo:demo_command",
+    "topology": "railtrace.topology.cli:topology_command",
+    "ucx-evidence": "railtrace_tracing.ucx.cli:ucx_evidence_command",
+    "contract": "railtrace.contract.cli:contract_command",
+}
+
+
+def _env_default(name: str) -> str:
+    return f"(env RAILTRACE_{name.upper().replace('-', '_')})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="railtrace",
+        description="Topology-aware tracing for llm-d prefill/decode serving.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    serve = sub.add_parser("serve", help="run the correlator: OTLP receivers, REST API, /metrics")
+    serve.add_argument("--db", help=f"SQLAlchemy URL; default SQLite ./railtrace.db {_env_default('db')}")
+    serve.add_argument(
+        "--topology",
+        action="append",
+        metavar="PATH",
+        help="topology file or folder (repeatable), or `k8s` for the live cluster " + _env_default("topology"),
+    )
+    serve.add_argument("--host", help="listen address, default 127.0.0.1 " + _env_default("host"))
+    serve.add_argument("--port", type=int, help="HTTP port (OTLP/HTTP + API), default 4318 " + _env_default("port"))
+    serve.add_argument("--grpc-port", type=int, help="OTLP/gRPC port, default 4317 " + _env_default("grpc_port"))
+    serve.add_argument("--quiet-period", type=float, help="seconds after a request's last span before assembly")
+    serve.add_argument("--retention-hours", type=float, help="delete requests older than this (0 keeps all)")
+
+    demo = sub.add_parser("demo", help="run a simulated P/D fleet with injected faults end to end")
+    demo.add_argument("--requests", type=int, default=400, help="requests to simulate (default 400)")
+    demo.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
+    demo.add_argument("--scenario", action="append", help="scenario name (repeatable); default: all")
+    demo.add_argument("--shape", default="a3-ultra", help="fleet shape: a3-ultra (default), a4, a4x")
+    demo.add_argument("--generation", default="current", help="llm-d span names: current, v0.10, v0.9, v0.8")
+    demo.add_argument("--db", help="database URL (default: a fresh SQLite file in a temp folder)")
+    demo.add_argument("--port", type=int, default=0, help="HTTP port (default: a free port)")
+    demo.add_argument("--grpc-port", type=int, default=0, help="gRPC port (default: a free port)")
+    demo.add_argument("--keep-serving", action="store_true", help="leave the service running afterwards")
+    demo.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    topo = sub.add_parser("topology", help="inspect the topology model")
+    topo_sub = topo.add_subparsers(dest="topology_command", metavar="SUBCOMMAND")
+    topo_sub.required = True
+    show = topo_sub.add_parser("show", help="print the model built from topology inputs")
+    show.add_argument("paths", nargs="+", metavar="PATH")
+    show.add_argument("--json", action="store_true", help="print the documented JSON shape")
+
+    ucx = sub.add_parser("ucx-evidence", help="which transport and device UCX used, from its logs")
+    ucx.add_argument("paths", nargs="+", metavar="LOG", help="UCX log files ('-' reads stdin)")
+    ucx.add_argument("--json", action="store_true")
+
+    contract = sub.add_parser("contract", help="audit the topology contract per pod, node, pool, fleet")
+    contract.add_argument("--topology", action="append", metavar="PATH", default=[])
+    contract.add_argument("--db", help="database URL with traffic to judge verified/consumed")
+    contract.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    module_name, func_name = HANDLERS[args.command].split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:  # a part that is not installed in this environment
+        print(f"railtrace {args.command}: unavailable ({exc})", file=sys.stderr)
+        return 2
+    try:
+        return int(getattr(module, func_name)(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
