@@ -495,6 +495,21 @@ M_CONTRACT = _metric(
 METRICS: tuple[Metric, ...] = tuple(_METRICS)
 METRICS_BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
 
+# Exemplar label carrying the trace id on the service's histograms; Grafana's
+# `exemplarTraceIdDestinations` link it to Tempo/Jaeger and to /api/v1/traces/{id}.
+EXEMPLAR_TRACE_ID_LABEL = "trace_id"
+
+# Metric families of llm-d and vLLM that railtrace's dashboards place beside its own
+# (read only; scraped from the EPP and the model servers, never exposed by railtrace).
+EXTERNAL_METRICS: dict[str, str] = {
+    "llm_d_epp_disagg_decision_total": "llm-d EPP: P/D disaggregation decisions by decision_type.",
+    "llm_d_epp_request_ttft_seconds": "llm-d EPP: time to first token seen by the gateway.",
+    "vllm:time_to_first_token_seconds": "vLLM: engine time to first token.",
+    "vllm:nixl_xfer_time_seconds": "vLLM NixlConnector: transfer time per rank-level transfer.",
+    "vllm:nixl_bytes_transferred": "vLLM NixlConnector: bytes per rank-level transfer.",
+    "vllm:nixl_num_failed_transfers": "vLLM NixlConnector: failed transfers.",
+}
+
 
 # ---------------------------------------------------------------------------------------
 # Environment variables read by the shims (zero-code enablement)
