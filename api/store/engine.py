@@ -1,0 +1,61 @@
+"""Engine construction (SQLite pragmas, PostgreSQL) and the programmatic Alembic upgrade."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+
+
+def is_sqlite(engine: Engine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+def make_engine(url: str, *, sqlite_synchronous: str = "FULL") -> Engine:
+    """An engine for `url`. SQLite gets WAL and a busy timeout; the parent folder is created.
+
+    SQLite `synchronous=FULL` makes every acknowledged commit survive power loss, not just a
+    process crash; group commit keeps the fsync count low, so the cost is small.
+    """
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database in (None, "", ":memory:"):
+            raise ValueError(
+                "railtrace needs a SQLite file, not an in-memory database (several threads share it)"
+            )
+        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, pool_size=8, max_overflow=8, connect_args={"check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute(f"PRAGMA synchronous={sqlite_synchronous}")
+            cur.execute("PRAGMA busy_timeout=10000")
+            cur.execute("PRAGMA cache_size=-65536")
+            cur.close()
+
+        return engine
+    if parsed.get_backend_name() == "postgresql":
+        return create_engine(url, pool_size=8, max_overflow=8, pool_pre_ping=True)
+    raise ValueError(f"unsupported database URL {parsed.render_as_string(hide_password=True)!r}")
+
+
+def alembic_config() -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    return cfg
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema to the newest revision (run at every start; idempotent)."""
+    cfg = alembic_config()
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")

@@ -1,0 +1,106 @@
+"""Tables. The Alembic migrations create exactly these (a test compares them).
+
+Why this shape: ingest must reach tens of thousands of spans per second, so a span is one
+row with the columns queries filter on and a single blob for everything else (attributes,
+events, status message, scope). Resource attribute sets repeat across every span of a
+process, so they are stored once, keyed by a hash.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+resources = Table(
+    "resources",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=False),  # 63-bit hash of the attributes
+    Column("attributes", LargeBinary, nullable=False),  # JSON
+)
+
+spans = Table(
+    "spans",
+    metadata,
+    Column("trace_id", String(32), primary_key=True),
+    Column("span_id", String(16), primary_key=True),
+    Column("parent_span_id", String(16)),
+    Column("name", String(512), nullable=False),
+    Column("role", String(32), nullable=False),
+    Column("service_name", String(256), nullable=False),
+    Column("start_ns", BigInteger, nullable=False),
+    Column("end_ns", BigInteger, nullable=False),
+    Column("status_code", Integer, nullable=False),
+    Column("request_key", String(256)),
+    Column("resource_id", BigInteger, nullable=False),
+    Column("received_ns", BigInteger, nullable=False),
+    Column("body", LargeBinary, nullable=False),  # JSON: kind, attributes, events, scope, ...
+)
+Index("ix_spans_request_key", spans.c.request_key)
+
+# One row per trace seen: when spans arrived and whether it awaits (re)assembly. Durable, so a
+# restart completes half-assembled requests.
+traces = Table(
+    "traces",
+    metadata,
+    Column("trace_id", String(32), primary_key=True),
+    Column("first_arrival_ns", BigInteger, nullable=False),
+    Column("last_arrival_ns", BigInteger, nullable=False),
+    Column("span_count", Integer, nullable=False),
+    Column("has_root", Boolean, nullable=False),
+    Column("dirty", Boolean, nullable=False),
+    Column("late_spans", Integer, nullable=False),  # spans that arrived after assembly
+    Column("assembled_ns", BigInteger),
+    Column("request_trace_id", String(32)),  # primary trace of the request it belongs to
+)
+Index("ix_traces_dirty", traces.c.dirty, traces.c.last_arrival_ns)
+Index("ix_traces_last_arrival", traces.c.last_arrival_ns)
+Index("ix_traces_request", traces.c.request_trace_id)
+
+requests = Table(
+    "requests",
+    metadata,
+    Column("trace_id", String(32), primary_key=True),
+    Column("request_id", String(256)),
+    Column("model", String(256)),
+    Column("start_ns", BigInteger, nullable=False),
+    Column("ttft_s", Float),
+    Column("e2e_s", Float),
+    Column("path_class", String(32), nullable=False),
+    Column("transport", String(32), nullable=False),
+    Column("kv_duration_s", Float),
+    Column("kv_bytes", BigInteger),
+    Column("prefill_pod", String(256)),
+    Column("prefill_node", String(256)),
+    Column("decode_pod", String(256)),
+    Column("decode_node", String(256)),
+    Column("pairing_level", String(32)),
+    Column("flag_names", Text, nullable=False),  # comma list, for display and stats
+    Column("summary", LargeBinary, nullable=False),  # the RequestSummary as JSON
+    Column("updated_ns", BigInteger, nullable=False),
+)
+Index("ix_requests_start", requests.c.start_ns, requests.c.trace_id)
+Index("ix_requests_request_id", requests.c.request_id)
+Index("ix_requests_path_class", requests.c.path_class, requests.c.start_ns)
+
+# One row per (flag, request): the filtered list `?flag=` walks this index in start order.
+request_flags = Table(
+    "request_flags",
+    metadata,
+    Column("flag", String(64), primary_key=True),
+    Column("start_ns", BigInteger, primary_key=True),
+    Column("trace_id", String(32), primary_key=True),
+)
+Index("ix_request_flags_trace", request_flags.c.trace_id)

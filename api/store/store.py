@@ -1,0 +1,460 @@
+"""The one place SQL is written: span inserts (group commit), assembly state, queries, retention."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from sqlalchemy import Engine, and_, delete, func, or_, select, text, update
+
+from railtrace.model import RequestSummary, Span
+from railtrace.store.engine import is_sqlite
+from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
+from railtrace.store.rows import RowBatch, span_from_row
+from railtrace.store.schema import request_flags, requests, resources, spans, traces
+
+INSERT_COLUMNS = (
+    "trace_id, span_id, parent_span_id, name, role, service_name, start_ns, end_ns, "
+    "status_code, request_key, resource_id, received_ns, body"
+)
+MAX_KNOWN_RESOURCES = 100_000
+MAX_STITCHED_TRACES = 32
+
+
+@dataclass(slots=True)
+class InsertResult:
+    inserted: int
+    duplicates: int
+
+
+@dataclass(slots=True)
+class DirtyTrace:
+    trace_id: str
+    last_arrival_ns: int
+    late_spans: int
+    assembled: bool
+
+
+class Store:
+    """SQL for one engine. Thread-safe: every method takes its own connection."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.sqlite = is_sqlite(engine)
+        p = "?" if self.sqlite else "%s"
+        self._known_resources: set[int] = set()
+        self._last_received_ns = 0
+        self._sql_span = (
+            f"INSERT INTO spans ({INSERT_COLUMNS}) VALUES ({', '.join([p] * 13)}) ON CONFLICT DO NOTHING"
+        )
+        self._sql_resource = (
+            f"INSERT INTO resources (id, attributes) VALUES ({p}, {p}) ON CONFLICT DO NOTHING"
+        )
+        self._sql_trace = (
+            "INSERT INTO traces (trace_id, first_arrival_ns, last_arrival_ns, span_count, has_root, dirty,"
+            f" late_spans) VALUES ({p}, {p}, {p}, {p}, {p}, TRUE, 0) ON CONFLICT (trace_id) DO UPDATE SET"
+            " last_arrival_ns = excluded.last_arrival_ns,"
+            " span_count = traces.span_count + excluded.span_count,"
+            " has_root = (traces.has_root OR excluded.has_root),"
+            " dirty = TRUE,"
+            " late_spans = traces.late_spans"
+            " + CASE WHEN traces.assembled_ns IS NULL THEN 0 ELSE excluded.span_count END"
+        )
+
+    # -- ingest ----------------------------------------------------------------------------
+
+    def _received_ns(self) -> int:
+        now = max(time.time_ns(), self._last_received_ns + 1)
+        self._last_received_ns = now
+        return now
+
+    def insert_batches(self, batches: Sequence[RowBatch]) -> InsertResult:
+        """Insert the spans of several export calls in one transaction (group commit).
+
+        Duplicates (same trace_id and span_id) are ignored and counted; only traces that got
+        new spans are marked for (re)assembly. Called from the single writer thread.
+        """
+        received = self._received_ns()
+        rows: list[tuple[Any, ...]] = []
+        seen: set[tuple[str, str]] = set()
+        new_resources: dict[int, bytes] = {}
+        for b in batches:
+            for r in b.spans:
+                key = (r[0], r[1])
+                if key in seen:
+                    continue
+                seen.add(key)
+                rows.append((*r[:11], received, r[12]))
+            for rid, blob in b.resources.items():
+                if rid not in self._known_resources:
+                    new_resources[rid] = blob
+        if not rows:
+            return InsertResult(0, 0)
+        with self.engine.begin() as conn:
+            if new_resources:
+                conn.exec_driver_sql(self._sql_resource, list(new_resources.items()))
+            inserted = conn.exec_driver_sql(self._sql_span, rows).rowcount
+            if inserted is None or inserted < 0:  # driver did not say: count what is ours
+                inserted = len(rows) + 1
+            per_trace: dict[str, list[int]] = {}
+            if inserted >= len(rows):
+                inserted = len(rows)
+                for r in rows:
+                    _count(per_trace, r[0], r[2] is None)
+            else:  # some were duplicates: count only the rows this commit wrote
+                trace_ids = sorted({r[0] for r in rows})
+                parentless = {(r[0], r[1]) for r in rows if r[2] is None}
+                inserted = 0
+                for chunk in _chunks(trace_ids, 500):
+                    found = conn.execute(
+                        select(spans.c.trace_id, spans.c.span_id).where(
+                            spans.c.trace_id.in_(chunk), spans.c.received_ns == received
+                        )
+                    )
+                    for tid, sid in found:
+                        inserted += 1
+                        _count(per_trace, tid, (tid, sid) in parentless)
+            if per_trace:
+                conn.exec_driver_sql(
+                    self._sql_trace,
+                    [(tid, received, received, c[0], bool(c[1])) for tid, c in sorted(per_trace.items())],
+                )
+        if len(self._known_resources) > MAX_KNOWN_RESOURCES:
+            self._known_resources.clear()
+        self._known_resources.update(new_resources)
+        return InsertResult(inserted, len(rows) - inserted)
+
+    # -- assembly state ----------------------------------------------------------------------
+
+    def dirty_traces(self, quiet_before_ns: int, wait_before_ns: int, limit: int = 500) -> list[DirtyTrace]:
+        """Traces whose last span is older than the quiet period and whose root arrived
+        (or which waited longer than the maximum)."""
+        q = (
+            select(traces.c.trace_id, traces.c.last_arrival_ns, traces.c.late_spans, traces.c.assembled_ns)
+            .where(
+                traces.c.dirty.is_(True),
+                traces.c.last_arrival_ns <= quiet_before_ns,
+                or_(traces.c.has_root.is_(True), traces.c.first_arrival_ns <= wait_before_ns),
+            )
+            .order_by(traces.c.last_arrival_ns)
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            return [DirtyTrace(r[0], r[1], r[2], r[3] is not None) for r in conn.execute(q)]
+
+    def count_dirty(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).where(traces.c.dirty.is_(True))).scalar_one())
+
+    def trace_states(self, trace_ids: Iterable[str]) -> dict[str, DirtyTrace | None]:
+        ids = list(trace_ids)
+        out: dict[str, DirtyTrace | None] = {}
+        with self.engine.connect() as conn:
+            for chunk in _chunks(ids, 500):
+                q = select(
+                    traces.c.trace_id,
+                    traces.c.last_arrival_ns,
+                    traces.c.late_spans,
+                    traces.c.assembled_ns,
+                    traces.c.dirty,
+                ).where(traces.c.trace_id.in_(chunk))
+                for r in conn.execute(q):
+                    out[r[0]] = DirtyTrace(r[0], r[1], r[2], r[3] is not None) if r[4] else None
+        return out
+
+    def traces_for_keys(self, keys: Iterable[str]) -> set[str]:
+        """Trace ids holding a span with one of these request keys (stitching)."""
+        ks = sorted({k for k in keys if k})
+        if not ks:
+            return set()
+        with self.engine.connect() as conn:
+            q = (
+                select(spans.c.trace_id)
+                .where(spans.c.request_key.in_(ks[:200]))
+                .distinct()
+                .limit(MAX_STITCHED_TRACES)
+            )
+            return {r[0] for r in conn.execute(q)}
+
+    def load_spans(self, trace_ids: Iterable[str]) -> list[Span]:
+        ids = sorted(set(trace_ids))
+        out: list[Span] = []
+        resource_cache: dict[int, dict[str, Any]] = {}
+        with self.engine.connect() as conn:
+            for chunk in _chunks(ids, 200):
+                rows = conn.execute(
+                    select(spans)
+                    .where(spans.c.trace_id.in_(chunk))
+                    .order_by(spans.c.start_ns, spans.c.span_id)
+                ).all()
+                missing = {r.resource_id for r in rows} - resource_cache.keys()
+                if missing:
+                    for rid, blob in conn.execute(
+                        select(resources.c.id, resources.c.attributes).where(resources.c.id.in_(missing))
+                    ):
+                        resource_cache[rid] = orjson.loads(blob)
+                out.extend(span_from_row(r, resource_cache.get(r.resource_id, {})) for r in rows)
+        return out
+
+    def previous_summaries(self, trace_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Stored summaries of the requests these traces belonged to, by their primary trace."""
+        ids = list(set(trace_ids))
+        out: dict[str, dict[str, Any]] = {}
+        with self.engine.connect() as conn:
+            primaries = set(ids)
+            for chunk in _chunks(ids, 500):
+                primaries.update(
+                    r[0]
+                    for r in conn.execute(
+                        select(traces.c.request_trace_id).where(
+                            traces.c.trace_id.in_(chunk), traces.c.request_trace_id.is_not(None)
+                        )
+                    )
+                )
+            for chunk in _chunks(sorted(primaries), 500):
+                for tid, blob in conn.execute(
+                    select(requests.c.trace_id, requests.c.summary).where(requests.c.trace_id.in_(chunk))
+                ):
+                    out[tid] = orjson.loads(blob)
+        return out
+
+    def save_assembly(
+        self,
+        summaries: Sequence[RequestSummary],
+        group: dict[str, int],
+        superseded: Iterable[str],
+        now_ns: int,
+    ) -> None:
+        """Store the summaries of one group of traces and clear their dirty marks.
+
+        `group` maps each trace id to the last arrival seen when it was loaded: a trace that got
+        new spans since stays dirty and is assembled again. `superseded` are primary trace ids
+        whose old request rows are replaced (a trace later stitched into another request).
+        """
+        trace_to_request: dict[str, str] = {}
+        for s in summaries:
+            for tid in s.trace_ids or [s.trace_id]:
+                trace_to_request.setdefault(tid, s.trace_id)
+        with self.engine.begin() as conn:
+            gone = set(superseded) | {s.trace_id for s in summaries}
+            for chunk in _chunks(sorted(gone), 500):
+                conn.execute(delete(request_flags).where(request_flags.c.trace_id.in_(chunk)))
+                conn.execute(delete(requests).where(requests.c.trace_id.in_(chunk)))
+            written: set[str] = set()
+            for s in summaries:
+                if s.trace_id in written:
+                    continue
+                written.add(s.trace_id)
+                conn.execute(requests.insert().values(**_request_row(s, now_ns)))
+                start_ns = _start_ns(s)
+                names = sorted({f.name for f in s.flags})
+                if names:
+                    conn.execute(
+                        request_flags.insert(),
+                        [{"flag": n, "start_ns": start_ns, "trace_id": s.trace_id} for n in names],
+                    )
+            for tid, last_arrival in group.items():
+                conn.execute(
+                    update(traces)
+                    .where(traces.c.trace_id == tid, traces.c.last_arrival_ns == last_arrival)
+                    .values(
+                        dirty=False,
+                        late_spans=0,
+                        assembled_ns=now_ns,
+                        request_trace_id=trace_to_request.get(tid),
+                    )
+                )
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def list_requests(self, q: RequestQuery) -> Page:
+        r = requests
+        if q.flag:
+            f = request_flags
+            stmt = select(r.c.summary, f.c.start_ns, f.c.trace_id).join(f, f.c.trace_id == r.c.trace_id)
+            stmt = stmt.where(f.c.flag == q.flag)
+            start_col, tid_col = f.c.start_ns, f.c.trace_id
+        else:
+            stmt = select(r.c.summary, r.c.start_ns, r.c.trace_id)
+            start_col, tid_col = r.c.start_ns, r.c.trace_id
+        conds = []
+        if q.path_class:
+            conds.append(r.c.path_class == q.path_class)
+        if q.since_ns is not None:
+            conds.append(start_col >= q.since_ns)
+        if q.until_ns is not None:
+            conds.append(start_col < q.until_ns)
+        if q.node:
+            conds.append(or_(r.c.prefill_node == q.node, r.c.decode_node == q.node))
+        if q.pod:
+            conds.append(or_(r.c.prefill_pod == q.pod, r.c.decode_pod == q.pod))
+        if q.model:
+            conds.append(r.c.model == q.model)
+        if q.cursor:
+            c = q.cursor
+            conds.append(or_(start_col < c.start_ns, and_(start_col == c.start_ns, tid_col < c.trace_id)))
+        if conds:
+            stmt = stmt.where(*conds)
+        stmt = stmt.order_by(start_col.desc(), tid_col.desc()).limit(q.limit + 1)
+        with self.engine.connect() as conn:
+            rows = conn.execute(stmt).all()
+        page = Page(items=[orjson.loads(row[0]) for row in rows[: q.limit]])
+        if len(rows) > q.limit:
+            last = rows[q.limit - 1]
+            page.next_cursor = Cursor(last[1], last[2]).encode()
+        return page
+
+    def get_request(self, ident: str) -> dict[str, Any] | None:
+        """A summary by trace id (primary or stitched) or by request id."""
+        with self.engine.connect() as conn:
+            blob = conn.execute(select(requests.c.summary).where(requests.c.trace_id == ident)).scalar()
+            if blob is None:
+                primary = conn.execute(
+                    select(traces.c.request_trace_id).where(traces.c.trace_id == ident)
+                ).scalar()
+                if primary:
+                    blob = conn.execute(
+                        select(requests.c.summary).where(requests.c.trace_id == primary)
+                    ).scalar()
+            if blob is None:
+                blob = conn.execute(
+                    select(requests.c.summary)
+                    .where(requests.c.request_id == ident)
+                    .order_by(requests.c.start_ns.desc())
+                    .limit(1)
+                ).scalar()
+        return orjson.loads(blob) if blob is not None else None
+
+    def trace_exists(self, trace_id: str) -> bool:
+        with self.engine.connect() as conn:
+            return (
+                conn.execute(select(traces.c.trace_id).where(traces.c.trace_id == trace_id)).first()
+                is not None
+            )
+
+    def stats(self, group_by: str, since_ns: int | None, until_ns: int | None) -> list[dict[str, Any]]:
+        r = requests
+        if group_by == "flag":
+            f = request_flags
+            stmt = select(f.c.flag, func.count(), func.avg(r.c.ttft_s), func.avg(r.c.kv_duration_s)).join(
+                r, r.c.trace_id == f.c.trace_id
+            )
+            start_col, keys = f.c.start_ns, (f.c.flag,)
+        elif group_by == "path_class":
+            stmt = select(r.c.path_class, func.count(), func.avg(r.c.ttft_s), func.avg(r.c.kv_duration_s))
+            start_col, keys = r.c.start_ns, (r.c.path_class,)
+        elif group_by == "pair":
+            stmt = select(
+                r.c.prefill_node,
+                r.c.decode_node,
+                r.c.pairing_level,
+                func.count(),
+                func.avg(r.c.ttft_s),
+                func.avg(r.c.kv_duration_s),
+            )
+            start_col, keys = r.c.start_ns, (r.c.prefill_node, r.c.decode_node, r.c.pairing_level)
+        else:
+            raise StoreError("group_by must be one of path_class, flag, pair")
+        if since_ns is not None:
+            stmt = stmt.where(start_col >= since_ns)
+        if until_ns is not None:
+            stmt = stmt.where(start_col < until_ns)
+        stmt = stmt.group_by(*keys).order_by(func.count().desc()).limit(1000)
+        with self.engine.connect() as conn:
+            rows = conn.execute(stmt).all()
+        out = []
+        for row in rows:
+            if group_by == "pair":
+                key: dict[str, Any] = {"prefill_node": row[0], "decode_node": row[1], "pairing_level": row[2]}
+                rest = row[3:]
+            else:
+                key = {group_by: row[0]}
+                rest = row[1:]
+            out.append(
+                {
+                    **key,
+                    "requests": int(rest[0]),
+                    "ttft_s_mean": _f(rest[1]),
+                    "kv_duration_s_mean": _f(rest[2]),
+                }
+            )
+        return out
+
+    # -- retention -----------------------------------------------------------------------------
+
+    def delete_older_than(self, cutoff_ns: int, batch: int = 500) -> int:
+        """Delete one bounded batch of traces (spans, request rows) last touched before `cutoff_ns`.
+        Returns how many traces went; call again until 0."""
+        with self.engine.begin() as conn:
+            ids = [
+                r[0]
+                for r in conn.execute(
+                    select(traces.c.trace_id).where(traces.c.last_arrival_ns < cutoff_ns).limit(batch)
+                )
+            ]
+            if not ids:
+                return 0
+            conn.execute(delete(spans).where(spans.c.trace_id.in_(ids)))
+            conn.execute(delete(request_flags).where(request_flags.c.trace_id.in_(ids)))
+            conn.execute(delete(requests).where(requests.c.trace_id.in_(ids)))
+            conn.execute(delete(traces).where(traces.c.trace_id.in_(ids)))
+        return len(ids)
+
+    def ping(self) -> None:
+        with self.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+
+
+def _count(per_trace: dict[str, list[int]], tid: str, root: bool) -> None:
+    c = per_trace.get(tid)
+    if c is None:
+        per_trace[tid] = [1, int(root)]
+    else:
+        c[0] += 1
+        c[1] |= int(root)
+
+
+def _chunks(items: Sequence[Any], n: int) -> Iterable[Sequence[Any]]:
+    for i in range(0, len(items), n):
+        yield items[i : i + n]
+
+
+def _f(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _start_ns(s: RequestSummary) -> int:
+    from datetime import datetime
+
+    try:
+        dt = datetime.fromisoformat(s.start.replace("Z", "+00:00"))
+    except ValueError:
+        return 0
+    return round(dt.timestamp() * 1e6) * 1000
+
+
+def _request_row(s: RequestSummary, now_ns: int) -> dict[str, Any]:
+    kv = s.kv_transfer
+    return {
+        "trace_id": s.trace_id,
+        "request_id": (s.request_id or None) and s.request_id[:256],
+        "model": (s.model or None) and s.model[:256],
+        "start_ns": _start_ns(s),
+        "ttft_s": s.ttft_s,
+        "e2e_s": s.e2e_s,
+        "path_class": (kv.path_class if kv else None) or "unknown",
+        "transport": (kv.transport if kv else None) or "unknown",
+        "kv_duration_s": kv.duration_s if kv else None,
+        "kv_bytes": kv.bytes if kv else None,
+        "prefill_pod": s.prefill.get("pod"),
+        "prefill_node": s.prefill.get("node"),
+        "decode_pod": s.decode.get("pod"),
+        "decode_node": s.decode.get("node"),
+        "pairing_level": s.pairing_level,
+        "flag_names": ",".join(sorted({f.name for f in s.flags})),
+        "summary": orjson.dumps(s.to_dict()),
+        "updated_ns": now_ns,
+    }
