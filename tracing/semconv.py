@@ -112,6 +112,23 @@ TOPOLOGY_LEVEL_ORDER: tuple[TopologyLevel, ...] = (
 )
 
 
+class Obligation(StrEnum):
+    """The four obligations of the topology contract (`railtrace contract`, label `obligation`)."""
+
+    DISCOVERED = "discovered"
+    PRESERVED = "preserved"
+    VERIFIED = "verified"
+    CONSUMED = "consumed"
+
+
+class ContractStatus(StrEnum):
+    """Status of one obligation (label `status` of the contract gauge)."""
+
+    OK = "ok"
+    BROKEN = "broken"
+    UNKNOWN = "unknown"
+
+
 # ---------------------------------------------------------------------------------------
 # Attribute registry
 # ---------------------------------------------------------------------------------------
