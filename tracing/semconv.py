@@ -198,6 +198,19 @@ KV_POST_DURATION_S = _attr(
 KV_WARNINGS = _attr(
     "llm_d.kv_transfer.warnings", "string[]", "UCX/NIXL warnings seen for this endpoint."
 )
+KV_PROTOCOL = _attr(
+    "llm_d.kv_transfer.protocol",
+    "string",
+    "UCX protocol of the data-path row, e.g. `zero-copy`, `software emulation`.",
+)
+KV_XFER_DURATION_S = _attr(
+    "llm_d.kv_transfer.xfer_duration_s", "double", "NIXL transfer time (telemetry).", unit="s"
+)
+# Keys of vLLM's per-request `kv_transfer_params` (llm-d P/D contract) the shims read.
+KV_PARAM_REMOTE_ENGINE_ID = "remote_engine_id"
+KV_PARAM_REMOTE_HOST = "remote_host"
+KV_PARAM_REMOTE_PORT = "remote_port"
+KV_PARAM_TRACE_HEADERS = "trace_headers"  # railtrace extension: W3C headers of the request
 
 # -- Router scoring shim: the full candidate list ----------------------------------------
 ROUTER_PROFILE = _attr(
@@ -330,6 +343,14 @@ HTTP_REQUEST_ID_HEADER = _attr(
 )
 SERVER_ADDRESS = _attr("server.address", "string", "Server host.", origin="otel")
 SERVER_PORT = _attr("server.port", "int", "Server port.", origin="otel")
+HTTP_REQUEST_METHOD = _attr("http.request.method", "string", "HTTP method.", origin="otel")
+HTTP_RESPONSE_STATUS = _attr("http.response.status_code", "int", "HTTP status.", origin="otel")
+HTTP_ROUTE = _attr("http.route", "string", "Matched route.", origin="otel")
+URL_PATH = _attr("url.path", "string", "Request path.", origin="otel")
+URL_SCHEME = _attr("url.scheme", "string", "Request scheme.", origin="otel")
+CLIENT_ADDRESS = _attr("client.address", "string", "Client address.", origin="otel")
+USER_AGENT = _attr("user_agent.original", "string", "User-Agent header.", origin="otel")
+NETWORK_PROTOCOL_VERSION = _attr("network.protocol.version", "string", "HTTP version.", origin="otel")
 
 # -- Resource attributes ----------------------------------------------------------------
 RES_SERVICE_NAME = _attr("service.name", "string", "Service name.", origin="otel")
@@ -370,6 +391,9 @@ SPAN_PD_FORWARD = "forward_request"
 SPAN_PD_PREFILL = "prefill"
 SPAN_PD_DECODE = "decode"
 SPAN_VLLM_REQUEST = "llm_request"
+SPAN_FILTER_ENDPOINTS = "filter_endpoints"
+SPAN_EPP_SCORING = "llm_d.epp.scoring"
+SPAN_EPP_SCORER_PREFIX = "llm_d.epp.scorer."  # + scorer type, one span per scorer
 
 SPAN_NAMES: dict[str, str] = {
     SPAN_KV_TRANSFER: "One KV-cache transfer (railtrace shim).",
@@ -380,6 +404,9 @@ SPAN_NAMES: dict[str, str] = {
     SPAN_PD_PREFILL: "Prefill leg (llm-d sidecar; P/D shim).",
     SPAN_PD_DECODE: "Decode leg, child of prefill (llm-d sidecar; P/D shim).",
     SPAN_VLLM_REQUEST: "Engine request span (vLLM; engine shim).",
+    SPAN_FILTER_ENDPOINTS: "Endpoint filtering of a profile (llm-d EPP; router shim).",
+    SPAN_EPP_SCORING: "All scorers of a profile (llm-d EPP; router shim).",
+    SPAN_EPP_SCORER_PREFIX + "<type>": "One scorer (llm-d EPP; router shim).",
 }
 
 
@@ -534,7 +561,9 @@ EXTERNAL_METRICS: dict[str, str] = {
 
 ENV_ENABLE = "RAILTRACE_SHIMS"  # comma list: nixl,gateway,router,pd or "all"; empty = off
 ENV_UCX_LOG = "RAILTRACE_UCX_LOG"  # where the shim routes UCX's log (file the shim owns)
+ENV_UCX_CAPTURE = "RAILTRACE_UCX_CAPTURE"  # "0" leaves UCX_LOG_* alone (evidence then `unknown`)
 ENV_VARS: dict[str, str] = {
     ENV_ENABLE: "Which shims `opentelemetry-instrument` turns on (`all`, or a comma list). Off when unset.",
     ENV_UCX_LOG: "Path of the UCX log file the KV shim reads evidence from (default: a private temp file).",
+    ENV_UCX_CAPTURE: "`0` stops the KV shim from setting UCX_LOG_LEVEL/UCX_PROTO_INFO/UCX_LOG_FILE.",
 }
