@@ -1,0 +1,52 @@
+"""The app factory: one FastAPI app per `Settings`, its runtime held on `app.state`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+from starlette.concurrency import run_in_threadpool
+
+from railtrace.server import otlp_http
+from railtrace.server.routers import health
+from railtrace.server.routers import v1 as api_v1
+from railtrace.server.runtime import Runtime
+from railtrace.settings import Settings
+
+
+def _operation_id(route: APIRoute) -> str:
+    """Stable OpenAPI operation ids (`{tag}-{name}`) for generated clients."""
+    tag = route.tags[0] if route.tags else "default"
+    return f"{tag}-{route.name}"
+
+
+def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
+    """Build the app. Without `runtime` the app owns one and starts/stops it with its lifespan;
+    `Service` passes a runtime it shares with the gRPC server."""
+    owned = runtime is None
+    rt = runtime if runtime is not None else Runtime(settings)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if owned:
+            await run_in_threadpool(rt.start)
+        try:
+            yield
+        finally:
+            if owned:
+                await run_in_threadpool(rt.stop)
+
+    app = FastAPI(
+        title="railtrace",
+        summary="Topology-aware tracing for llm-d prefill/decode serving",
+        version="0.1.0",
+        lifespan=lifespan,
+        generate_unique_id_function=_operation_id,
+    )
+    app.state.runtime = rt
+    app.include_router(otlp_http.router)
+    app.include_router(health.router)
+    app.include_router(api_v1.router)
+    return app

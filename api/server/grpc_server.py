@@ -1,0 +1,78 @@
+"""OTLP/gRPC receiver: `TraceService/Export`, same semantics as `POST /v1/traces`.
+
+Answers only after commit. When the writer is behind it answers RESOURCE_EXHAUSTED, and
+UNAVAILABLE when writes fail, both with a `RetryInfo` detail so OTLP exporters retry (the
+specification treats RESOURCE_EXHAUSTED as retryable only with `RetryInfo`).
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+from typing import Any
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from railtrace.ingest import Overloaded, WriterUnavailable, prepare
+from railtrace.otlp import spans_from_request
+from railtrace.server.runtime import Runtime
+
+
+class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+
+    def _abort_retry(self, context: Any, code: grpc.StatusCode, rpc_code: int, message: str) -> None:
+        detail = error_details_pb2.RetryInfo(retry_delay=Duration(seconds=self.rt.settings.retry_after_s))
+        status = status_pb2.Status(code=rpc_code, message=message)
+        status.details.add().Pack(detail)
+        context.set_trailing_metadata((("grpc-status-details-bin", status.SerializeToString()),))
+        context.abort(code, message)
+
+    def Export(self, request: ExportTraceServiceRequest, context: Any) -> ExportTraceServiceResponse:
+        metrics = self.rt.metrics
+        if self.rt.writer.pending >= self.rt.settings.max_pending_spans:
+            metrics.throttled("grpc")
+            self._abort_retry(
+                context, grpc.StatusCode.RESOURCE_EXHAUSTED, code_pb2.RESOURCE_EXHAUSTED, "ingest is behind"
+            )
+        result = spans_from_request(request)
+        batch = prepare(result.spans)
+        inserted = 0
+        if len(batch):
+            try:
+                inserted = self.rt.writer.write_sync(batch).inserted
+            except Overloaded as exc:
+                metrics.throttled("grpc")
+                self._abort_retry(
+                    context, grpc.StatusCode.RESOURCE_EXHAUSTED, code_pb2.RESOURCE_EXHAUSTED, str(exc)
+                )
+            except WriterUnavailable as exc:
+                metrics.throttled("grpc")
+                self._abort_retry(context, grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE, str(exc))
+        response = ExportTraceServiceResponse()
+        if result.rejected:
+            response.partial_success.rejected_spans = result.rejected
+            response.partial_success.error_message = result.error_message
+        metrics.export_done("grpc", "partial" if result.rejected else "ok", inserted, result.rejected)
+        return response
+
+
+def make_grpc_server(runtime: Runtime, host: str, port: int, workers: int = 16) -> tuple[grpc.Server, int]:
+    """A started-ready (not started) gRPC server bound to host:port; returns it and the bound port."""
+    limit = runtime.settings.max_body_bytes
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="railtrace-grpc"),
+        options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
+    )
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceService(runtime), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen for OTLP/gRPC on {host}:{port}")
+    return server, bound

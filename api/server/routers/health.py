@@ -1,0 +1,42 @@
+"""Liveness, readiness and the Prometheus endpoint."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from railtrace.server.deps import RuntimeDep
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", summary="Liveness: the process answers")
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", summary="Readiness: database reachable, writer healthy and keeping up")
+def readyz(rt: RuntimeDep) -> Response:
+    problems: list[str] = []
+    try:
+        rt.store.ping()
+    except Exception as exc:
+        problems.append(f"database: {type(exc).__name__}")
+    if not rt.writer.healthy:
+        problems.append("writer: not running or failing")
+    elif rt.writer.pending >= rt.settings.max_pending_spans:
+        problems.append("writer: behind")
+    body = {
+        "status": "ok" if not problems else "unavailable",
+        "problems": problems,
+        "pending_spans": rt.writer.pending,
+        "assembly": "running" if rt.assembler else (rt.assembly_error or "off"),
+        "topology": "loaded" if rt.topology_holder is not None else (rt.topology_error or "none"),
+    }
+    return JSONResponse(body, status_code=200 if not problems else 503)
+
+
+@router.get("/metrics", summary="Prometheus metrics (OpenMetrics with trace-id exemplars when asked)")
+def metrics(request: Request, rt: RuntimeDep) -> Response:
+    body, media = rt.metrics.render(request.headers.get("accept"))
+    return Response(body, media_type=media)

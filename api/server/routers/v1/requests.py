@@ -1,0 +1,62 @@
+"""`GET /api/v1/requests` (filtered, keyset-paged) and `GET /api/v1/requests/{id}`."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query
+from starlette.concurrency import run_in_threadpool
+
+from railtrace.server.deps import RuntimeDep
+from railtrace.server.routers.v1.params import bad_request, to_ns
+from railtrace.store import Cursor, RequestQuery, StoreError
+from railtrace.store.queries import DEFAULT_LIMIT, MAX_LIMIT
+from railtrace_tracing.semconv import FlagName, PathClass
+
+router = APIRouter(tags=["requests"])
+
+Text = Annotated[str | None, Query(max_length=256)]
+
+
+@router.get("/requests", summary="Request summaries, newest first, with filters and cursor paging")
+async def list_requests(
+    rt: RuntimeDep,
+    flag: FlagName | None = None,
+    path_class: PathClass | None = None,
+    since: Annotated[datetime | None, Query(description="RFC 3339 or unix seconds; inclusive")] = None,
+    until: Annotated[datetime | None, Query(description="RFC 3339 or unix seconds; exclusive")] = None,
+    node: Text = None,
+    pod: Text = None,
+    model: Text = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
+    cursor: Annotated[
+        str | None, Query(max_length=512, description="`next_cursor` of the previous page")
+    ] = None,
+) -> dict[str, Any]:
+    try:
+        query = RequestQuery(
+            flag=flag.value if flag else None,
+            path_class=path_class.value if path_class else None,
+            since_ns=to_ns(since),
+            until_ns=to_ns(until),
+            node=node,
+            pod=pod,
+            model=model,
+            limit=limit,
+            cursor=Cursor.decode(cursor) if cursor else None,
+        )
+    except StoreError as exc:
+        raise bad_request(str(exc)) from None
+    page = await run_in_threadpool(rt.store.list_requests, query)
+    return {"items": page.items, "next_cursor": page.next_cursor}
+
+
+@router.get("/requests/{ident}", summary="One request summary by trace id (any of its traces) or request id")
+async def get_request(rt: RuntimeDep, ident: str) -> dict[str, Any]:
+    if len(ident) > 256:
+        raise bad_request("id too long")
+    summary = await run_in_threadpool(rt.store.get_request, ident.lower() if len(ident) == 32 else ident)
+    if summary is None:
+        raise HTTPException(404, f"no request {ident!r} (yet: requests are assembled after a quiet period)")
+    return summary

@@ -1,0 +1,173 @@
+"""Running the service: `railtrace serve` and the in-process `Service` (tests, demo).
+
+    with Service(settings) as svc:
+        svc.http_url        # http://127.0.0.1:<port>  (OTLP/HTTP + REST API)
+        svc.grpc_endpoint   # 127.0.0.1:<port>         (OTLP/gRPC)
+
+Port 0 picks free ports. Uvicorn runs in a thread on a socket bound here, so the bound port
+is known before anything connects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+from railtrace.ingest.assembler import Pipeline
+from railtrace.server.app import create_app
+from railtrace.server.grpc_server import make_grpc_server
+from railtrace.server.runtime import Runtime
+from railtrace.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Service:
+    """HTTP (OTLP/HTTP + API) and gRPC (OTLP) over one runtime, started and stopped together."""
+
+    def __init__(self, settings: Settings, pipeline: Pipeline | None = None) -> None:
+        self.settings = settings
+        self._pipeline = pipeline
+        self.runtime: Runtime | None = None
+        self._uvicorn: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._grpc: Any = None
+        self.http_port = 0
+        self.grpc_port = 0
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{_url_host(self.settings.host)}:{self.http_port}"
+
+    @property
+    def grpc_endpoint(self) -> str:
+        return f"{_url_host(self.settings.host)}:{self.grpc_port}"
+
+    def start(self) -> Service:
+        self.runtime = Runtime(self.settings, self._pipeline)
+        try:
+            self.runtime.start()
+            sock = _listen(self.settings.host, self.settings.port)
+            self.http_port = sock.getsockname()[1]
+            self._grpc, self.grpc_port = make_grpc_server(
+                self.runtime, self.settings.host, self.settings.grpc_port
+            )
+            app = create_app(self.settings, self.runtime)
+            config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+            self._uvicorn = uvicorn.Server(config)
+            self._thread = threading.Thread(
+                target=self._uvicorn.run, kwargs={"sockets": [sock]}, name="railtrace-http", daemon=True
+            )
+            self._thread.start()
+            self._grpc.start()
+            deadline = time.monotonic() + 30
+            while not self._uvicorn.started:
+                if not self._thread.is_alive() or time.monotonic() > deadline:
+                    raise RuntimeError("HTTP server did not start")
+                time.sleep(0.01)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop accepting, finish in-flight exports (they are answered after commit), close."""
+        if self._grpc is not None:
+            self._grpc.stop(grace=5).wait(10)
+            self._grpc = None
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+            self._thread = None
+        self._uvicorn = None
+        if self.runtime is not None:
+            self.runtime.stop()
+            self.runtime = None
+
+    def __enter__(self) -> Service:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen for HTTP on {host}:{port}: {exc.strerror}") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Command-line options over `RAILTRACE_*` environment variables over defaults."""
+    overrides: dict[str, Any] = {}
+    for arg, field in (
+        ("db", "db"),
+        ("topology", "topology"),
+        ("host", "host"),
+        ("port", "port"),
+        ("grpc_port", "grpc_port"),
+        ("quiet_period", "quiet_period_s"),
+        ("retention_hours", "retention_hours"),
+    ):
+        value = getattr(args, arg, None)
+        if value is not None:
+            overrides[field] = value
+    return Settings(**overrides)
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """`railtrace serve`: run until SIGINT/SIGTERM."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = settings_from_args(args)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        service = Service(settings).start()
+    except Exception as exc:
+        print(f"railtrace serve: {exc}", file=sys.stderr)
+        return 2
+    rt = service.runtime
+    print(
+        f"railtrace serving OTLP/HTTP + API on {service.http_url}, OTLP/gRPC on {service.grpc_endpoint}, "
+        f"store {_safe_url(settings.db)}",
+        flush=True,
+    )
+    if rt is not None and rt.assembly_error:
+        print(f"warning: {rt.assembly_error}", file=sys.stderr)
+    if rt is not None and rt.topology_error:
+        print(f"warning: {rt.topology_error}", file=sys.stderr)
+    try:
+        stop.wait()
+    finally:
+        service.stop()
+    return 0
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)

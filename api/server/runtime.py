@@ -1,0 +1,112 @@
+"""Everything one service instance owns, built from one `Settings` and injected everywhere.
+
+The FastAPI app, the gRPC server and the tests reach the store, writer, metrics and topology
+through this object (held on `app.state.runtime`), never through module globals.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from railtrace.ingest import BulkWriter
+from railtrace.ingest.assembler import Assembler, Pipeline, default_pipeline
+from railtrace.metrics import Metrics
+from railtrace.settings import Settings
+from railtrace.store import InsertResult, Store, make_engine, migrate
+from railtrace_tracing import semconv
+
+log = logging.getLogger(__name__)
+
+
+class TopologyUnavailable(RuntimeError):
+    """The topology part is not installed or could not be loaded."""
+
+
+class Runtime:
+    """Engine, store, writer, assembler, metrics and topology of one service."""
+
+    def __init__(self, settings: Settings, pipeline: Pipeline | None = None) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.engine = make_engine(settings.db)
+        self.store = Store(self.engine)
+        self.writer = BulkWriter(
+            self.store,
+            batch_spans=settings.write_batch_spans,
+            max_pending_spans=settings.max_pending_spans,
+            on_commit=self._committed,
+            on_depth=self.metrics[semconv.M_INGEST_QUEUE].set,
+        )
+        self.topology_holder: Any = None
+        self.topology_error: str | None = None
+        self._live_topology: Any = None
+        self._pipeline = pipeline
+        self.assembler: Assembler | None = None
+        self.assembly_error: str | None = None
+        self.started = False
+
+    def _committed(self, result: InsertResult) -> None:
+        if result.duplicates:
+            self.metrics[semconv.M_DUPLICATE_SPANS].inc(result.duplicates)
+
+    def _load_topology(self) -> None:
+        try:
+            from railtrace.topology import TopologyHolder
+        except ImportError as exc:
+            self.topology_error = f"topology model unavailable: {exc}"
+            log.warning(self.topology_error)
+            return
+        paths = list(self.settings.topology)
+        live = False
+        try:
+            from railtrace.topology.k8s_source import K8S_TOPOLOGY, wants_live_topology
+
+            live = wants_live_topology(paths)
+            paths = [p for p in paths if p != K8S_TOPOLOGY]
+        except ImportError:
+            pass
+        self.topology_holder = TopologyHolder(paths)  # raises TopologyError on unreadable input
+        if live:
+            from railtrace.topology.k8s_source import start_live_topology
+
+            self._live_topology = start_live_topology(self.topology_holder, list(self.settings.topology))
+
+    def topology(self) -> Any:
+        if self.topology_holder is None:
+            raise TopologyUnavailable(self.topology_error or "no topology")
+        return self.topology_holder.get()
+
+    def start(self) -> Runtime:
+        """Migrate, load the topology, start the writer and the assembler loop."""
+        migrate(self.engine)
+        self._load_topology()
+        self.writer.start()
+        pipeline = self._pipeline
+        if pipeline is None and self.topology_holder is not None:
+            try:
+                pipeline = default_pipeline(self.settings, self.topology)
+            except ImportError as exc:
+                self.assembly_error = f"assembly unavailable: {exc}"
+                log.warning(self.assembly_error)
+        if pipeline is not None:
+            self.assembler = Assembler(self.store, self.settings, self.metrics, pipeline)
+            self.assembler.start()
+        self.started = True
+        return self
+
+    def stop(self) -> None:
+        """Commit what is queued, stop the loops, release the database."""
+        if self._live_topology is not None:
+            self._live_topology.stop()
+        if self.assembler:
+            self.assembler.stop()
+        self.writer.stop()
+        self.engine.dispose()
+        self.started = False
+
+    def __enter__(self) -> Runtime:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
