@@ -392,7 +392,10 @@ class UcxLogParser:
         if sm:
             level, msg = sm["level"], sm["msg"].strip()
         if msg.startswith("+") and set(msg) <= set("+-"):
-            return  # table border
+            st = self._tables.get(proc)
+            if st is not None and st.rows:
+                self._close_table(proc)  # the border under the data rows ends the table
+            return
         if msg.startswith("|"):
             self._table_line(proc, msg)
             return

@@ -1,0 +1,194 @@
+"""Two NIXL agents in two processes moving a buffer over loopback, with the KV shim on.
+
+Run as a module (the tests and the benchmark do):
+`python -m tests.shims.nixl_loopback --op READ|WRITE [--size N] [--count K] [--out spans.json]
+[--otlp-url URL] [--uninstrumented]`. The initiator process instruments NIXL *before* creating its
+agent (UCX reads its log settings once per process), spawns the target process, exchanges agent
+metadata over pipes, runs the transfers and writes its finished spans as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+
+def _cfg(nixl_api: Any) -> Any:
+    return nixl_api.nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False, backends=["UCX"])
+
+
+def target_main(size: int) -> int:
+    """Target: register a buffer, publish metadata, progress until the initiator says bye."""
+    from nixl_cu12 import _api
+
+    agent = _api.nixl_agent("loop-target", _cfg(_api))
+    buf = (np.arange(size) % 251).astype(np.uint8)
+    agent.register_memory([(buf.ctypes.data, size, 0, "")], "DRAM")
+    hello = {"meta": agent.get_agent_metadata().hex(), "addr": buf.ctypes.data}
+    sys.stdout.write("RTHELLO " + json.dumps(hello) + "\n")
+    sys.stdout.flush()
+    peer = json.loads(sys.stdin.readline())
+    agent.add_remote_agent(bytes.fromhex(peer["meta"]))
+    deadline = time.monotonic() + 60
+    os.set_blocking(sys.stdin.fileno(), False)
+    while time.monotonic() < deadline:
+        agent.get_new_notifs()
+        try:
+            line = sys.stdin.readline()
+        except (BlockingIOError, OSError):
+            line = ""
+        if line.strip() == "bye":
+            break
+        time.sleep(0.0005)
+    return 0
+
+
+def _span_dict(span: Any) -> dict[str, Any]:
+    parent = span.parent
+    return {
+        "name": span.name,
+        "trace_id": f"{span.context.trace_id:032x}",
+        "span_id": f"{span.context.span_id:016x}",
+        "parent_span_id": f"{parent.span_id:016x}" if parent else None,
+        "start": span.start_time,
+        "end": span.end_time,
+        "status": span.status.status_code.name,
+        "attributes": {k: list(v) if isinstance(v, tuple) else v for k, v in span.attributes.items()},
+    }
+
+
+def initiator_main(args: argparse.Namespace) -> int:
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from railtrace_tracing.kv_transfer import NixlKVTransferInstrumentor, kv_transfer_scope
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(
+        resource=Resource.create(
+            {"service.name": "vllm-decode", "k8s.pod.name": "decode-0", "k8s.node.name": args.node}
+        )
+    )
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    if args.otlp_url:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(
+            BatchSpanProcessor(OTLPSpanExporter(endpoint=args.otlp_url + "/v1/traces"))
+        )
+    inst = NixlKVTransferInstrumentor()
+    if not args.uninstrumented:
+        inst.instrument(tracer_provider=provider)
+
+    from nixl_cu12 import _api
+
+    target = subprocess.Popen(
+        [sys.executable, "-m", "tests.shims.nixl_loopback", "--role", "target", "--size", str(args.size)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
+    result: dict[str, Any] = {"op": args.op, "transfers": []}
+    try:
+        assert target.stdout is not None and target.stdin is not None
+        line = target.stdout.readline()
+        while line and not line.startswith("RTHELLO "):
+            line = target.stdout.readline()
+        hello = json.loads(line.split(" ", 1)[1])
+        agent = _api.nixl_agent("loop-initiator", _cfg(_api))
+        buf = (
+            np.zeros(args.size, dtype=np.uint8)
+            if args.op == "READ"
+            else ((np.arange(args.size) % 13).astype(np.uint8))
+        )
+        agent.register_memory([(buf.ctypes.data, args.size, 0, "")], "DRAM")
+        peer = agent.add_remote_agent(bytes.fromhex(hello["meta"]))
+        target.stdin.write(json.dumps({"meta": agent.get_agent_metadata().hex()}) + "\n")
+        target.stdin.flush()
+        local = agent.get_xfer_descs([(buf.ctypes.data, args.size, 0)], "DRAM")
+        remote = agent.get_xfer_descs([(hello["addr"], args.size, 0)], "DRAM")
+        tracer = provider.get_tracer("loopback-test")
+        for i in range(args.count):
+            with tracer.start_as_current_span("llm_request") as req_span:
+                headers: dict[str, str] = {}
+                from railtrace_tracing._common import inject_context
+
+                inject_context(headers)
+                params = {
+                    "remote_engine_id": "prefill-engine-7",
+                    "remote_host": "10.0.0.7",
+                    "trace_headers": headers,
+                }
+                t0 = time.perf_counter_ns()
+                c0 = time.process_time_ns()
+                with kv_transfer_scope(f"req-{i}", kv_transfer_params=params, local_gpu="GPU0"):
+                    handle = agent.initialize_xfer(args.op, local, remote, peer, b"done")
+                    state = agent.transfer(handle)
+                    deadline = time.monotonic() + 30
+                    while state not in ("DONE", "ERR") and time.monotonic() < deadline:
+                        state = agent.check_xfer_state(handle)
+                    agent.release_xfer_handle(handle)
+                result["transfers"].append(
+                    {
+                        "state": state,
+                        "wall_ns": time.perf_counter_ns() - t0,
+                        "cpu_ns": time.process_time_ns() - c0,
+                        "request_span_id": f"{req_span.get_span_context().span_id:016x}",
+                    }
+                )
+        expect = (np.arange(args.size) % 251).astype(np.uint8)
+        result["verified"] = bool(np.array_equal(buf, expect)) if args.op == "READ" else None
+    finally:
+        if target.stdin is not None:
+            try:
+                target.stdin.write("bye\n")
+                target.stdin.flush()
+            except OSError:
+                pass
+        target.wait(timeout=30)
+    inst.flush_deferred(final=False)
+    deadline = time.monotonic() + 2
+    while inst.flush_deferred(final=False) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    provider.force_flush()
+    result["spans"] = [_span_dict(s) for s in exporter.get_finished_spans()]
+    result["ucx_log"] = inst.capture.path
+    inst.uninstrument()
+    out = json.dumps(result)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            fh.write(out)
+    else:
+        print(out)
+    provider.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--role", default="initiator", choices=["initiator", "target"])
+    p.add_argument("--op", default="WRITE", choices=["READ", "WRITE"])
+    p.add_argument("--size", type=int, default=1 << 20)
+    p.add_argument("--count", type=int, default=1)
+    p.add_argument("--out")
+    p.add_argument("--otlp-url")
+    p.add_argument("--node", default="node-a")
+    p.add_argument("--uninstrumented", action="store_true")
+    args = p.parse_args(argv)
+    if args.role == "target":
+        return target_main(args.size)
+    return initiator_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

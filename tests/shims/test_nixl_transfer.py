@@ -1,0 +1,85 @@
+"""Real NIXL transfers between two processes over loopback, traced by the KV shim."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from railtrace_tracing import semconv as sc
+
+try:
+    import nixl_cu12._api  # noqa: F401
+
+    HAVE_NIXL = True
+except Exception:
+    HAVE_NIXL = False
+
+pytestmark = [pytest.mark.nixl, pytest.mark.skipif(not HAVE_NIXL, reason="nixl_cu12 not importable")]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_loopback(
+    tmp_path: Path, op: str, extra_env: dict[str, str] | None = None, *args: str
+) -> dict[str, Any]:
+    """Run tests.shims.nixl_loopback in fresh processes (UCX reads its log settings once per process)."""
+    out = tmp_path / f"{op}.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "RAILTRACE_", "NIXL_"))}
+    env.update({"UCX_NET_DEVICES": "lo", "RAILTRACE_UCX_LOG": str(tmp_path / "ucx.%p.log")})
+    env.update(extra_env or {})
+    subprocess.run(
+        [sys.executable, "-m", "tests.shims.nixl_loopback", "--op", op, "--out", str(out), *args],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
+    return json.loads(out.read_text())
+
+
+def kv_spans(result: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in result["spans"] if s["name"] == sc.SPAN_KV_TRANSFER]
+
+
+def test_default_transports_give_shm_cma(tmp_path: Path) -> None:
+    result = run_loopback(tmp_path, "READ")
+    assert result["transfers"][0]["state"] == "DONE" and result["verified"] is True
+    [span] = kv_spans(result)
+    a = span["attributes"]
+    assert a[sc.KV_TRANSPORT] == "shm" and a[sc.KV_DEVICES] == ["cma/memory"]
+    assert a[sc.KV_OPERATION] == "read" and a[sc.KV_BYTES] == 1 << 20 and a[sc.KV_DESCRIPTORS] == 1
+    assert a[sc.KV_REQUEST_ID] == "req-0" and a[sc.KV_CONNECTOR] == "nixl" and a[sc.KV_BACKEND] == "UCX"
+    assert a[sc.KV_REMOTE_HOST] == "10.0.0.7" and a[sc.KV_REMOTE_ENGINE_ID] == "prefill-engine-7"
+    assert "ucp_get*" in a[sc.KV_EVIDENCE]
+    # Child of the request's own trace context, carried in kv_transfer_params.
+    assert span["parent_span_id"] == result["transfers"][0]["request_span_id"]
+    assert span["end"] > span["start"] and span["status"] != "ERROR"
+
+
+def test_forced_tcp_gives_tcp(tmp_path: Path) -> None:
+    result = run_loopback(tmp_path, "WRITE", {"UCX_TLS": "tcp"})
+    [span] = kv_spans(result)
+    a = span["attributes"]
+    assert result["transfers"][0]["state"] == "DONE"
+    assert a[sc.KV_TRANSPORT] == "tcp" and a[sc.KV_DEVICES] == ["tcp/lo"]
+    assert a[sc.KV_OPERATION] == "write" and a[sc.KV_PROTOCOL] == "zero-copy"
+
+
+def test_forced_tcp_read_is_software_emulation(tmp_path: Path) -> None:
+    result = run_loopback(tmp_path, "READ", {"UCX_TLS": "tcp"})
+    [span] = kv_spans(result)
+    assert span["attributes"][sc.KV_TRANSPORT] == "tcp"
+    assert span["attributes"][sc.KV_PROTOCOL] == "software emulation"
+
+
+def test_no_ucx_evidence_means_unknown(tmp_path: Path) -> None:
+    result = run_loopback(tmp_path, "WRITE", {"RAILTRACE_UCX_CAPTURE": "0"})
+    [span] = kv_spans(result)
+    assert span["attributes"][sc.KV_TRANSPORT] == "unknown"
+    assert sc.KV_DEVICES not in span["attributes"]

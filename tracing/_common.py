@@ -1,0 +1,88 @@
+"""Helpers every shim shares: tracer lookup, env switches, and the never-raise guard."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.propagators.textmap import Getter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from railtrace_tracing import __version__
+from railtrace_tracing.semconv import ENV_ENABLE
+
+logger = logging.getLogger("railtrace_tracing")
+_T = TypeVar("_T")
+_W3C = TraceContextTextMapPropagator()
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.26.0"
+
+
+def get_tracer(name: str, tracer_provider: trace.TracerProvider | None = None) -> trace.Tracer:
+    """A tracer of the shim `name` on the given provider (the global one when None)."""
+    return trace.get_tracer(name, __version__, tracer_provider, schema_url=SCHEMA_URL)
+
+
+def enabled_shims(environ: Mapping[str, str] | None = None) -> set[str]:
+    """Shims switched on by `RAILTRACE_SHIMS` (`all` or a comma list); empty when unset."""
+    raw = (environ if environ is not None else os.environ).get(ENV_ENABLE, "")
+    names = {p.strip().lower() for p in raw.split(",") if p.strip()}
+    if names & {"all", "1", "true", "yes"}:
+        return {"nixl", "gateway", "router", "pd", "vllm"}
+    return names
+
+
+def shim_enabled(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    return name in enabled_shims(environ)
+
+
+def guarded(default: Any = None) -> Callable[[Callable[..., _T]], Callable[..., _T]]:
+    """Run shim-internal code so that a bug in it costs a span, never the host's request."""
+
+    def deco(fn: Callable[..., _T]) -> Callable[..., _T]:
+        @functools.wraps(fn)
+        def inner(*args: Any, **kwargs: Any) -> _T:
+            try:
+                return fn(*args, **kwargs)
+            except Exception:
+                logger.debug("railtrace shim failure in %s", fn.__qualname__, exc_info=True)
+                return default
+
+        return inner
+
+    return deco
+
+
+class _MappingGetter(Getter[Mapping[str, Any]]):
+    def get(self, carrier: Mapping[str, Any], key: str) -> list[str] | None:
+        for k, v in carrier.items():
+            if str(k).lower() == key:
+                if v is None:
+                    return None
+                return [str(x) for x in v] if isinstance(v, list | tuple) else [str(v)]
+        return None
+
+    def keys(self, carrier: Mapping[str, Any]) -> list[str]:
+        return [str(k) for k in carrier]
+
+
+MAPPING_GETTER = _MappingGetter()
+
+
+def extract_context(carrier: Mapping[str, Any] | None) -> otel_context.Context | None:
+    """W3C trace context from a header-like mapping; None when it carries no valid `traceparent`."""
+    if not carrier:
+        return None
+    ctx = _W3C.extract(carrier, getter=MAPPING_GETTER)
+    span_ctx = trace.get_current_span(ctx).get_span_context()
+    return ctx if span_ctx.is_valid else None
+
+
+def inject_context(carrier: dict[str, str], ctx: otel_context.Context | None = None) -> dict[str, str]:
+    """Write `traceparent`/`tracestate` of `ctx` (current when None) into `carrier`."""
+    _W3C.inject(carrier, context=ctx)
+    return carrier

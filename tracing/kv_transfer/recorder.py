@@ -1,0 +1,241 @@
+"""Emit the `llm_d.kv_transfer` span (PRODUCT.md contract) without needing a NIXL agent.
+
+The NIXL instrumentor, the vLLM connector hook and the simulator all go through this one
+function, so every KV span has the same shape. Timestamps are optional so that a simulator
+can emit realistic timings without sleeping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from railtrace_tracing import semconv as sc
+from railtrace_tracing._common import extract_context, get_tracer, logger
+from railtrace_tracing.ucx.parser import Evidence, parse_text
+
+TRACER_NAME = "railtrace_tracing.kv_transfer"
+
+
+def evidence_attributes(evidence: Evidence | None) -> dict[str, Any]:
+    """`.transport`, `.devices`, `.split`, `.evidence`, `.warnings` from UCX evidence; `unknown` without."""
+    if evidence is None:
+        return {sc.KV_TRANSPORT: sc.Transport.UNKNOWN.value}
+    attrs: dict[str, Any] = {
+        sc.KV_TRANSPORT: evidence.transport.value,
+        sc.KV_DEVICES: list(evidence.devices),
+        sc.KV_EVIDENCE: evidence.evidence,
+    }
+    if len(evidence.devices) > 1 and evidence.split:
+        attrs[sc.KV_SPLIT] = [float(s) for s in evidence.split]
+    if evidence.protocol:
+        attrs[sc.KV_PROTOCOL] = evidence.protocol
+    if evidence.warnings:
+        attrs[sc.KV_WARNINGS] = list(evidence.warnings)
+    return attrs
+
+
+def kv_attributes(
+    *,
+    request_id: str | None = None,
+    operation: str | None = None,
+    connector: str | None = "nixl",
+    backend: str | None = "UCX",
+    bytes: int | None = None,
+    descriptors: int | None = None,
+    local_gpu: str | None = None,
+    remote_host: str | None = None,
+    remote_engine_id: str | None = None,
+) -> dict[str, Any]:
+    """The contract attributes that are known, typed as the registry says."""
+    pairs = (
+        (sc.KV_REQUEST_ID, request_id),
+        (sc.KV_OPERATION, operation.lower() if operation else None),
+        (sc.KV_CONNECTOR, connector),
+        (sc.KV_BACKEND, backend),
+        (sc.KV_BYTES, int(bytes) if bytes is not None else None),
+        (sc.KV_DESCRIPTORS, int(descriptors) if descriptors is not None else None),
+        (sc.KV_LOCAL_GPU, None if local_gpu is None else str(local_gpu)),
+        (sc.KV_REMOTE_HOST, remote_host),
+        (sc.KV_REMOTE_ENGINE_ID, None if remote_engine_id is None else str(remote_engine_id)),
+    )
+    return {k: v for k, v in pairs if v is not None and v != ""}
+
+
+@dataclass
+class KVTransferRecord:
+    """The open span of one transfer; methods never raise."""
+
+    span: trace.Span | None
+    attributes: dict[str, Any] = field(default_factory=dict)
+    ended: bool = False
+
+    def set(self, **kwargs: Any) -> None:
+        """Set contract attributes by their keyword names (`bytes=`, `remote_host=` …)."""
+        with contextlib.suppress(Exception):
+            attrs = kv_attributes(connector=None, backend=None, **kwargs)
+            self.attributes.update(attrs)
+            if self.span is not None:
+                self.span.set_attributes(attrs)
+
+    def set_evidence(self, evidence: Evidence | None) -> None:
+        with contextlib.suppress(Exception):
+            attrs = evidence_attributes(evidence)
+            self.attributes.update(attrs)
+            if self.span is not None:
+                self.span.set_attributes(attrs)
+
+    def fail(self, error_type: str, description: str | None = None) -> None:
+        with contextlib.suppress(Exception):
+            self.attributes[sc.ERROR_TYPE] = error_type
+            if self.span is not None:
+                self.span.set_attribute(sc.ERROR_TYPE, error_type)
+                self.span.set_status(Status(StatusCode.ERROR, description or error_type))
+
+    def end(self, end_time_ns: int | None = None) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        with contextlib.suppress(Exception):
+            if self.span is not None:
+                self.span.end(end_time=end_time_ns)
+
+
+def _parent(
+    parent: otel_context.Context | None,
+    trace_headers: Mapping[str, Any] | None,
+    kv_transfer_params: Mapping[str, Any] | None,
+) -> otel_context.Context | None:
+    if parent is not None:
+        return parent
+    for carrier in (trace_headers, kv_transfer_params, (kv_transfer_params or {}).get("trace_headers")):
+        if isinstance(carrier, Mapping):
+            ctx = extract_context(carrier)
+            if ctx is not None:
+                return ctx
+    return None
+
+
+def start_kv_transfer(
+    *,
+    tracer_provider: trace.TracerProvider | None = None,
+    operation: str,
+    request_id: str | None = None,
+    connector: str | None = "nixl",
+    backend: str | None = "UCX",
+    bytes: int | None = None,
+    descriptors: int | None = None,
+    local_gpu: str | None = None,
+    remote_host: str | None = None,
+    remote_engine_id: str | None = None,
+    evidence: Evidence | None = None,
+    parent: otel_context.Context | None = None,
+    trace_headers: Mapping[str, Any] | None = None,
+    kv_transfer_params: Mapping[str, Any] | None = None,
+    start_time_ns: int | None = None,
+    attributes: Mapping[str, Any] | None = None,
+) -> KVTransferRecord:
+    """Open a `llm_d.kv_transfer` span; end it with `.end()`. Parent: explicit `parent`, else the
+    W3C context in `trace_headers` / `kv_transfer_params`, else the current context."""
+    try:
+        params = kv_transfer_params or {}
+        attrs = kv_attributes(
+            request_id=request_id,
+            operation=operation,
+            connector=connector,
+            backend=backend,
+            bytes=bytes,
+            descriptors=descriptors,
+            local_gpu=local_gpu,
+            remote_host=remote_host or params.get("remote_host"),
+            remote_engine_id=remote_engine_id or params.get("remote_engine_id"),
+        )
+        attrs.update(evidence_attributes(evidence))
+        if attributes:
+            attrs.update(attributes)
+        tracer = get_tracer(TRACER_NAME, tracer_provider)
+        span = tracer.start_span(
+            sc.SPAN_KV_TRANSFER,
+            context=_parent(parent, trace_headers, kv_transfer_params),
+            kind=SpanKind.INTERNAL,
+            attributes=attrs,
+            start_time=start_time_ns,
+        )
+        return KVTransferRecord(span, dict(attrs))
+    except Exception:
+        logger.debug("railtrace: cannot start kv_transfer span", exc_info=True)
+        return KVTransferRecord(None)
+
+
+@contextlib.contextmanager
+def record_kv_transfer(
+    *,
+    ucx_log_text: str | None = None,
+    ucx_context: str | None = None,
+    end_time_ns: int | None = None,
+    **kwargs: Any,
+) -> Iterator[KVTransferRecord]:
+    """Context manager around one transfer. Takes every keyword of `start_kv_transfer`, plus
+    `ucx_log_text` (a UCX info log to take the evidence from, for `ucx_context`/`operation`) and
+    `end_time_ns`. An exception of the body marks the span failed and propagates unchanged."""
+    if ucx_log_text is not None and kwargs.get("evidence") is None:
+        try:
+            kwargs["evidence"] = parse_text(ucx_log_text).select(ucx_context, kwargs.get("operation"))
+        except Exception:
+            logger.debug("railtrace: UCX log text not parsed", exc_info=True)
+    rec = start_kv_transfer(**kwargs)
+    token = _CURRENT.set(rec)
+    try:
+        yield rec
+    except BaseException as exc:
+        rec.fail(type(exc).__qualname__, str(exc) or None)
+        raise
+    finally:
+        _CURRENT.reset(token)
+        rec.end(end_time_ns)
+
+
+def emit_kv_transfer(
+    *, start_time_ns: int, end_time_ns: int, error_type: str | None = None, **kwargs: Any
+) -> KVTransferRecord:
+    """One finished span with the given timestamps (for simulators and replays)."""
+    rec = start_kv_transfer(start_time_ns=start_time_ns, **kwargs)
+    if error_type:
+        rec.fail(error_type)
+    rec.end(end_time_ns)
+    return rec
+
+
+_CURRENT: contextvars.ContextVar[KVTransferRecord | None] = contextvars.ContextVar(
+    "railtrace_kv_record", default=None
+)
+
+
+def current_kv_transfer() -> KVTransferRecord | None:
+    """The record opened by the innermost `record_kv_transfer` of this context, if any."""
+    return _CURRENT.get()
+
+
+def descriptor_bytes(descs: Any, indices: Sequence[int] | None = None) -> tuple[int | None, int | None]:
+    """(bytes, count) of a NIXL descriptor list, list of (addr, len, dev) tuples or N×3 array."""
+    try:
+        if hasattr(descs, "descCount"):
+            n = descs.descCount()
+            idx = range(n) if indices is None else indices
+            return sum(int(descs[i][1]) for i in idx), len(idx)
+        if hasattr(descs, "shape") and len(descs.shape) == 2:
+            lens = descs[:, 1] if indices is None else descs[list(indices), 1]
+            return int(lens.sum()), len(lens)
+        seq = list(descs)
+        if indices is not None:
+            seq = [seq[i] for i in indices]
+        return sum(int(d[1]) for d in seq), len(seq)
+    except Exception:
+        return None, None
