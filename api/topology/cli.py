@@ -1,0 +1,70 @@
+"""`railtrace topology show PATH… [--json]`: the model built from those inputs, for humans or tools."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, TextIO
+
+from railtrace.topology.loaders import TopologyError, load_paths
+from railtrace.topology.model import Topology
+
+
+def render_text(t: Topology) -> str:
+    lines: list[str] = []
+    for node in sorted(t.nodes.values(), key=lambda n: n.name):
+        hier = " ".join(
+            f"{k}={getattr(node, k)}"
+            for k in ("zone", "block", "subblock", "host", "nvlink_domain")
+            if getattr(node, k)
+        )
+        rdma = {True: "RDMA path", False: "no RDMA path", None: "RDMA path unknown"}[node.rdma_path]
+        lines.append(f"node {node.name}  {node.machine_type or ''}  {hier}".rstrip())
+        lines.append(f"  {rdma}: {node.rdma_reason}")
+        for g in t.gpus_on(node.name):
+            p = t.pairing(node.name, g.name)
+            nics = ", ".join(
+                (t.nic(node.name, n).label if t.nic(node.name, n) else n)
+                for n in (p.nics if p else ())  # type: ignore[union-attr]
+            )
+            how = f"by {p.method}" if p and p.method else f"unpaired: {p.evidence if p else '?'}"
+            lines.append(
+                f"  {g.name:<10} {g.pci_bus_id or '':<13} root={g.pcie_root or '-':<11} "
+                f"numa={g.numa if g.numa is not None else '-'}"
+                f"  -> {nics or '-'} ({how})"
+            )
+        for n in t.nics_on(node.name):
+            kind = "rdma" if n.rdma else "net" if n.rdma is False else "?"
+            lines.append(
+                f"  nic {n.label:<12} {kind:<4} dev={n.name} root={n.pcie_root or '-'} "
+                f"numa={n.numa if n.numa is not None else '-'} rail={n.rail or '-'}"
+            )
+    if t.pods:
+        lines.append("pods")
+        for p in sorted(t.pods.values(), key=lambda p: p.name):
+            lines.append(f"  {p.name} node={p.node or '-'} ips={','.join(p.ips) or '-'}")
+    for a in t.allocations:
+        lines.append(f"claim {a.claim} pods={','.join(a.pods)} node={a.node}: {a.alignment}")
+        lines += [f"  {e}" for e in a.evidence]
+    for tc in t.templates:
+        lines.append(f"{tc.kind} {tc.name}: {tc.alignment}")
+        lines += [f"  {e}" for e in tc.evidence]
+    if t.networks:
+        lines.append("networks " + ", ".join(f"{k}({v})" for k, v in sorted(t.networks.items())))
+    for w in t.warnings:
+        lines.append(f"warning: {w}")
+    return "\n".join(lines)
+
+
+def topology_command(args: Any, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    try:
+        topology = load_paths(list(args.paths))
+    except TopologyError as exc:
+        print(f"railtrace topology: {exc}", file=sys.stderr)
+        return 2
+    if getattr(args, "json", False):
+        out.write(json.dumps(topology.to_dict(), indent=2, sort_keys=False, default=str) + "\n")
+    else:
+        out.write(render_text(topology) + "\n")
+    return 0
