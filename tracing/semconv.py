@@ -266,6 +266,16 @@ EPP_SCORER_NAME = _attr("llm_d.epp.scorer.name", "string", "Scorer name.", origi
 EPP_SCORER_WEIGHT = _attr("llm_d.epp.scorer.weight", "double", "Scorer weight.", origin="llm-d")
 EPP_SCORER_SCORE_MAX = _attr("llm_d.epp.scorer.score.max", "double", "Max score.", origin="llm-d")
 EPP_SCORER_SCORE_AVG = _attr("llm_d.epp.scorer.score.avg", "double", "Mean score.", origin="llm-d")
+EPP_SCORER_COUNT = _attr("llm_d.epp.scorer.count", "int", "Scorers of the profile.", origin="llm-d")
+EPP_SCORING_CANDIDATES = _attr(
+    "llm_d.epp.scoring.candidate_endpoints", "int", "Candidates entering scoring.", origin="llm-d"
+)
+EPP_SCORER_CANDIDATES = _attr(
+    "llm_d.epp.scorer.candidate_endpoints", "int", "Candidates one scorer saw.", origin="llm-d"
+)
+EPP_SCORER_ENDPOINTS_SCORED = _attr(
+    "llm_d.epp.scorer.endpoints_scored", "int", "Endpoints one scorer scored.", origin="llm-d"
+)
 EPP_PD_PREFILL_ADDRESS = _attr(
     "llm_d.epp.pd.prefill_pod_address", "string", "Prefill pod address.", origin="llm-d"
 )
@@ -312,6 +322,11 @@ PD_PREFILL_STATUS = _attr(
     "llm_d.pd_proxy.prefill.status_code", "int", "Prefill HTTP status.", origin="llm-d"
 )
 PD_DECODE_STREAMING = _attr("llm_d.pd_proxy.decode.streaming", "boolean", "Streaming.", origin="llm-d")
+PD_KV_CONNECTOR = _attr("llm_d.pd_proxy.kv_connector", "string", "KV connector.", origin="llm-d")
+PD_REQUEST_PATH = _attr("llm_d.pd_proxy.request_path", "string", "Proxied request path.", origin="llm-d")
+PD_DISAGG_USED = _attr(
+    "llm_d.pd_proxy.disaggregation_used", "boolean", "Whether the proxy ran P/D.", origin="llm-d"
+)
 
 # -- vLLM llm_request --------------------------------------------------------------------
 VLLM_TTFT = _attr(
@@ -394,6 +409,7 @@ SPAN_VLLM_REQUEST = "llm_request"
 SPAN_FILTER_ENDPOINTS = "filter_endpoints"
 SPAN_EPP_SCORING = "llm_d.epp.scoring"
 SPAN_EPP_SCORER_PREFIX = "llm_d.epp.scorer."  # + scorer type, one span per scorer
+SPAN_PD_SERVER_PREFIX = "llm_d.pd_proxy."  # + "<METHOD> <path>", the sidecar's inbound server span
 
 SPAN_NAMES: dict[str, str] = {
     SPAN_KV_TRANSFER: "One KV-cache transfer (railtrace shim).",
@@ -407,6 +423,7 @@ SPAN_NAMES: dict[str, str] = {
     SPAN_FILTER_ENDPOINTS: "Endpoint filtering of a profile (llm-d EPP; router shim).",
     SPAN_EPP_SCORING: "All scorers of a profile (llm-d EPP; router shim).",
     SPAN_EPP_SCORER_PREFIX + "<type>": "One scorer (llm-d EPP; router shim).",
+    SPAN_PD_SERVER_PREFIX + "<METHOD> <path>": "P/D proxy inbound server span (llm-d sidecar; P/D shim).",
 }
 
 
