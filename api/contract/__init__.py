@@ -1,0 +1,35 @@
+"""The topology contract audit: is topology discovered, preserved, verified and consumed, per pod?
+
+`audit()` judges; `contract_gauges()` feeds `/metrics`; `filter_report()` serves
+`GET /api/v1/contract`; `railtrace contract` (`cli.contract_command`) prints it.
+"""
+
+from railtrace.contract.audit import ContractConfig, audit, summary_dict
+from railtrace.contract.report import (
+    OBLIGATIONS,
+    STATUSES,
+    ContractReport,
+    Evidence,
+    ObligationResult,
+    Rollup,
+    Subject,
+    contract_gauges,
+    filter_report,
+    worst,
+)
+
+__all__ = [
+    "OBLIGATIONS",
+    "STATUSES",
+    "ContractConfig",
+    "ContractReport",
+    "Evidence",
+    "ObligationResult",
+    "Rollup",
+    "Subject",
+    "audit",
+    "contract_gauges",
+    "filter_report",
+    "summary_dict",
+    "worst",
+]

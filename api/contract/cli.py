@@ -1,0 +1,151 @@
+"""`railtrace contract`: the audit as a table an operator reads, or JSON for CI and tools.
+
+Exit code: 0 when nothing is broken, 1 when any obligation is broken (so a CI job can gate a
+planned deployment on it), 2 when the inputs cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+import orjson
+
+from railtrace.contract.audit import ContractConfig, audit
+from railtrace.contract.report import BROKEN, OBLIGATIONS, ContractReport
+
+# Page size when reading request summaries back from the store.
+_PAGE = 1000
+# Upper bound on summaries read for one audit, to keep a CLI run bounded on a busy store.
+MAX_SUMMARIES = 200_000
+
+
+def contract_command(args: argparse.Namespace) -> int:
+    """Run the audit over `--topology` inputs and, with `--db`, the store's recent requests."""
+    from railtrace.settings import Settings
+
+    settings = Settings()
+    paths = list(getattr(args, "topology", None) or []) or list(settings.topology)
+    db = getattr(args, "db", None)
+    if not paths and not db:
+        print("railtrace contract: give --topology PATH (repeatable) and/or --db URL", file=sys.stderr)
+        return 2
+    try:
+        from railtrace.topology import TopologyError, load_paths
+    except ImportError as exc:  # pragma: no cover - a broken install
+        print(f"railtrace contract: topology support unavailable ({exc})", file=sys.stderr)
+        return 2
+    try:
+        topology = load_paths(paths)
+    except TopologyError as exc:
+        print(f"railtrace contract: {exc}", file=sys.stderr)
+        return 2
+    config = ContractConfig()
+    summaries = None
+    if db:
+        try:
+            summaries = list(recent_summaries(Settings(db=db).db, config.window_s))
+        except Exception as exc:  # noqa: BLE001 - any store failure is an input error for the CLI
+            print(f"railtrace contract: cannot read requests from {db}: {exc}", file=sys.stderr)
+            return 2
+    report = audit(topology, summaries, config)
+    if getattr(args, "json", False):
+        sys.stdout.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        print_table(report, sys.stdout)
+    return 1 if any(v["status"] == BROKEN for v in report.fleet.obligations.values()) else 0
+
+
+def recent_summaries(db_url: str, window_s: float | None) -> Iterator[dict[str, Any]]:
+    """Request summaries newer than the window, newest first, through the store's typed query."""
+    from railtrace.store import RequestQuery, Store, make_engine
+
+    store = Store(make_engine(db_url))
+    since = None if window_s is None else time.time_ns() - int(window_s * 1e9)
+    cursor = None
+    seen = 0
+    while True:
+        page = store.list_requests(RequestQuery(since_ns=since, limit=_PAGE, cursor=cursor))
+        for item in page.items:
+            yield item
+            seen += 1
+        if not page.next_cursor or seen >= MAX_SUMMARIES:
+            return
+        from railtrace.store import Cursor
+
+        cursor = Cursor.decode(page.next_cursor)
+
+
+# ---------------------------------------------------------------------------------------
+# Table
+# ---------------------------------------------------------------------------------------
+
+_MARK = {"ok": "ok", "broken": "BROKEN", "unknown": "unknown"}
+
+
+def _table(rows: list[list[str]], out: TextIO) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        out.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
+
+
+def print_table(report: ContractReport, out: TextIO) -> None:
+    """Fleet line, then pods/templates, nodes and pools, then the evidence of every non-ok result."""
+    head = [o.upper() for o in OBLIGATIONS]
+    fleet = report.fleet.obligations
+    out.write(
+        f"topology contract ({report.mode}, {report.fleet.members} pod(s)/template(s)): "
+        + "  ".join(f"{o}={_MARK[fleet[o]['status']]}" for o in OBLIGATIONS)
+        + "\n\n"
+    )
+    subjects = [s for s in report.subjects]
+    if subjects:
+        rows = [["KIND", "POD/TEMPLATE", "POOL", "NODE", *head]]
+        for s in subjects:
+            rows.append([s.kind, s.key, s.pool, s.node or "-", *(_MARK[s.obligations[o].status] for o in OBLIGATIONS)])
+        _table(rows, out)
+        out.write("\n")
+    if report.nodes:
+        rows = [["NODE", "PODS", *head]]
+        for r in report.nodes:
+            rows.append([r.name, str(r.members), *(_MARK[r.obligations[o]["status"]] for o in OBLIGATIONS)])
+        _table(rows, out)
+        out.write("\n")
+    if report.pools:
+        rows = [["POOL", "MEMBERS", *head]]
+        for r in report.pools:
+            rows.append([r.name, str(r.members), *(_MARK[r.obligations[o]["status"]] for o in OBLIGATIONS)])
+        _table(rows, out)
+        out.write("\n")
+    lines: list[str] = []
+    for s in subjects:
+        for o in OBLIGATIONS:
+            res = s.obligations[o]
+            if res.status == "ok":
+                continue
+            if report.mode == "offline" and o in ("verified", "consumed"):
+                continue  # said once below, not per pod
+            lines.append(f"{s.kind} {s.key} {o} {_MARK[res.status]}: {res.summary}")
+            for e in res.evidence[:8]:
+                if e.message == res.summary and not e.missing and not e.link:
+                    continue  # already said on the line above
+                miss = f" [missing: {', '.join(e.missing)}]" if e.missing else ""
+                link = f" -> {e.link}" if e.link else ""
+                lines.append(f"    {e.object}: {e.message}{miss}{link}")
+            if len(res.evidence) > 8:
+                lines.append(f"    … {len(res.evidence) - 8} more (see --json)")
+    for name, res in sorted(report.node_findings.items()):
+        if res.status != "ok" and not any(s.node == name for s in subjects):
+            lines.append(f"node {name} discovered {_MARK[res.status]}: {res.summary}")
+            for e in res.evidence[:8]:
+                miss = f" [missing: {', '.join(e.missing)}]" if e.missing else ""
+                lines.append(f"    {e.object}: {e.message}{miss}")
+    if lines:
+        out.write("evidence:\n" + "\n".join(lines) + "\n")
+    if report.mode == "offline":
+        out.write("\nverified and consumed are unknown offline: they need traffic (--db).\n")
+    for w in report.warnings:
+        out.write(f"warning: {w}\n")
