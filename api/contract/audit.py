@@ -27,12 +27,12 @@ from railtrace.contract.report import (
 )
 from railtrace.topology.model import (
     ALIGNED,
+    GPU,
     MISALIGNED,
-    NOT_APPLICABLE,
     NIC,
+    NOT_APPLICABLE,
     PAIR_NAME,
     PAIR_NUMA,
-    GPU,
     Pod,
     Topology,
 )
@@ -91,7 +91,9 @@ def audit(
     node_checks = {name: _discovered_node(topology, name, config) for name in sorted(topology.nodes)}
     subjects: list[Subject] = []
     for info in _pod_subjects(topology, reqs):
-        pod_reqs = [r for r in reqs if info.name in (_leg(r, "prefill").get("pod"), _leg(r, "decode").get("pod"))]
+        pod_reqs = [
+            r for r in reqs if info.name in (_leg(r, "prefill").get("pod"), _leg(r, "decode").get("pod"))
+        ]
         obligations = {
             Obligation.DISCOVERED.value: _discovered_pod(topology, info, node_checks, config),
             Obligation.PRESERVED.value: _preserved_pod(topology, info),
@@ -227,7 +229,10 @@ def _discovered_node(topology: Topology, name: str, config: ContractConfig) -> O
     }
     if not gpus and not nics:
         unknown_parts.append(
-            Evidence(f"node/{name}", "no GPU or RDMA NIC of this node is among the inputs (ResourceSlices, topo matrix)")
+            Evidence(
+                f"node/{name}",
+                "no GPU or RDMA NIC of this node is among the inputs (ResourceSlices, topo matrix)",
+            )
         )
     for g in gpus:
         if not g.pcie_root and g.numa is None:
@@ -246,7 +251,9 @@ def _discovered_node(topology: Topology, name: str, config: ContractConfig) -> O
             missing.append(RAIL_ATTRS)
         if missing:
             evidence.append(
-                Evidence(f"nic/{name}/{n.name}", f"RDMA NIC {n.label} lacks what pairing and routing need", missing)
+                Evidence(
+                    f"nic/{name}/{n.name}", f"RDMA NIC {n.label} lacks what pairing and routing need", missing
+                )
             )
     if node is not None:
         labels = dict(node.labels or {})
@@ -266,7 +273,9 @@ def _discovered_node(topology: Topology, name: str, config: ContractConfig) -> O
             if labels or not _only_from_devices(node):
                 evidence.append(item)
             else:
-                item.message = "the Node object is not among the inputs; its topology labels cannot be checked"
+                item.message = (
+                    "the Node object is not among the inputs; its topology labels cannot be checked"
+                )
                 unknown_parts.append(item)
     if evidence:
         missing_count = sum(len(e.missing) for e in evidence)
@@ -279,7 +288,10 @@ def _discovered_node(topology: Topology, name: str, config: ContractConfig) -> O
         )
     if unknown_parts:
         return ObligationResult(
-            Obligation.DISCOVERED.value, UNKNOWN, unknown_parts[0].message, unknown_parts,
+            Obligation.DISCOVERED.value,
+            UNKNOWN,
+            unknown_parts[0].message,
+            unknown_parts,
             {"gpus": len(gpus), "rdma_nics": len(nics)},
         )
     return ObligationResult(
@@ -302,11 +314,18 @@ def _discovered_pod(
 ) -> ObligationResult:
     if not info.node:
         return ObligationResult(
-            Obligation.DISCOVERED.value, UNKNOWN, "the pod's node is not known", [Evidence(_pod_ref(info), "no node")]
+            Obligation.DISCOVERED.value,
+            UNKNOWN,
+            "the pod's node is not known",
+            [Evidence(_pod_ref(info), "no node")],
         )
     check = node_checks.get(info.node) or _discovered_node(topology, info.node, config)
     return ObligationResult(
-        check.obligation, check.status, f"node {info.node}: {check.summary}", list(check.evidence), dict(check.counts)
+        check.obligation,
+        check.status,
+        f"node {info.node}: {check.summary}",
+        list(check.evidence),
+        dict(check.counts),
     )
 
 
@@ -318,22 +337,30 @@ def _discovered_pod(
 def _describe_gpu(g: GPU | None, name: str) -> str:
     if g is None:
         return f"GPU {name} (not in any ResourceSlice)"
-    parts = [p for p in (
-        f"pciBusID {g.pci_bus_id}" if g.pci_bus_id else "",
-        f"pcieRoot {g.pcie_root}" if g.pcie_root else "",
-        f"NUMA {g.numa}" if g.numa is not None else "",
-    ) if p]
+    parts = [
+        p
+        for p in (
+            f"pciBusID {g.pci_bus_id}" if g.pci_bus_id else "",
+            f"pcieRoot {g.pcie_root}" if g.pcie_root else "",
+            f"NUMA {g.numa}" if g.numa is not None else "",
+        )
+        if p
+    ]
     return f"GPU {g.name}" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def _describe_nic(n: NIC | None, name: str) -> str:
     if n is None:
         return f"NIC {name} (not in any ResourceSlice)"
-    parts = [p for p in (
-        n.name if n.label != n.name else "",
-        f"pcieRoot {n.pcie_root}" if n.pcie_root else "",
-        f"NUMA {n.numa}" if n.numa is not None else "",
-    ) if p]
+    parts = [
+        p
+        for p in (
+            n.name if n.label != n.name else "",
+            f"pcieRoot {n.pcie_root}" if n.pcie_root else "",
+            f"NUMA {n.numa}" if n.numa is not None else "",
+        )
+        if p
+    ]
     return f"NIC {n.label}" + (f" ({', '.join(parts)})" if parts else "")
 
 
@@ -359,13 +386,17 @@ def _preserved_pod(topology: Topology, info: _PodInfo) -> ObligationResult:
     obl = Obligation.PRESERVED.value
     if info.pod is None:
         return ObligationResult(
-            obl, UNKNOWN, "the pod is not among the topology inputs (no Pod/ResourceClaim)",
+            obl,
+            UNKNOWN,
+            "the pod is not among the topology inputs (no Pod/ResourceClaim)",
             [Evidence(_pod_ref(info), "seen only in request summaries")],
         )
     allocs = [a for a in topology.allocations_of(info.pod) if a.alignment != NOT_APPLICABLE or a.gpus]
     if not allocs:
         return ObligationResult(
-            obl, UNKNOWN, "no allocated ResourceClaim for this pod among the inputs",
+            obl,
+            UNKNOWN,
+            "no allocated ResourceClaim for this pod among the inputs",
             [Evidence(_pod_ref(info), "no allocation to judge")],
         )
     ok_ev: list[Evidence] = []
@@ -376,7 +407,9 @@ def _preserved_pod(topology: Topology, info: _PodInfo) -> ObligationResult:
         node = alloc.node or info.node
         mine_broken = False
         if alloc.gpus and not alloc.nics:
-            unknown_ev.append(Evidence(claim, "the claim allocates GPU(s) but no RDMA NIC; NIC allocation is not visible"))
+            unknown_ev.append(
+                Evidence(claim, "the claim allocates GPU(s) but no RDMA NIC; NIC allocation is not visible")
+            )
         elif node:
             nics = {name: topology.nic(node, name) for name in alloc.nics}
             for gname in alloc.gpus:
@@ -386,25 +419,32 @@ def _preserved_pod(topology: Topology, info: _PodInfo) -> ObligationResult:
                     continue
                 own, method, why = _acceptable_nics(topology, node, gpu)
                 if method is None:
-                    unknown_ev.append(Evidence(claim, f"{_describe_gpu(gpu, gname)} has no known NIC ({why})"))
+                    unknown_ev.append(
+                        Evidence(claim, f"{_describe_gpu(gpu, gname)} has no known NIC ({why})")
+                    )
                     continue
                 got = [n for n in alloc.nics if n in own]
                 if got:
-                    ok_ev.append(Evidence(
-                        claim,
-                        f"{_describe_gpu(gpu, gname)} got its own {_describe_nic(nics[got[0]], got[0])} by {method}",
-                    ))
+                    ok_ev.append(
+                        Evidence(
+                            claim,
+                            f"{_describe_gpu(gpu, gname)} got its own "
+                            f"{_describe_nic(nics[got[0]], got[0])} by {method}",
+                        )
+                    )
                     continue
                 mine_broken = True
-                own_desc = ", ".join(
-                    _describe_nic(topology.nic(node, n), n) for n in sorted(own)
-                ) or "none known"
+                own_desc = (
+                    ", ".join(_describe_nic(topology.nic(node, n), n) for n in sorted(own)) or "none known"
+                )
                 allocated = ", ".join(_describe_nic(nics[n], n) for n in alloc.nics)
-                broken_ev.append(Evidence(
-                    claim,
-                    f"unaligned: {_describe_gpu(gpu, gname)} was allocated {allocated}; "
-                    f"its own NIC by {method}: {own_desc}",
-                ))
+                broken_ev.append(
+                    Evidence(
+                        claim,
+                        f"unaligned: {_describe_gpu(gpu, gname)} was allocated {allocated}; "
+                        f"its own NIC by {method}: {own_desc}",
+                    )
+                )
         else:
             unknown_ev.append(Evidence(claim, "the claim's node is not known"))
         # The topology builder's own judgement of the claim counts too (it may know more).
@@ -431,7 +471,11 @@ def _template_subject(tmpl: Any, node_checks: Mapping[str, ObligationResult]) ->
     if tmpl.alignment == NOT_APPLICABLE:
         return None
     status = {ALIGNED: OK, MISALIGNED: BROKEN}.get(tmpl.alignment, UNKNOWN)
-    obj = f"{tmpl.kind.lower()}/{tmpl.namespace}/{tmpl.name}" if tmpl.namespace else f"{tmpl.kind.lower()}/{tmpl.name}"
+    obj = (
+        f"{tmpl.kind.lower()}/{tmpl.namespace}/{tmpl.name}"
+        if tmpl.namespace
+        else f"{tmpl.kind.lower()}/{tmpl.name}"
+    )
     evidence = [Evidence(obj, e) for e in tmpl.evidence] or [Evidence(obj, f"alignment {tmpl.alignment}")]
     preserved = ObligationResult(Obligation.PRESERVED.value, status, evidence[0].message, evidence)
     if node_checks:
@@ -442,16 +486,26 @@ def _template_subject(tmpl: Any, node_checks: Mapping[str, ObligationResult]) ->
             st,
             f"over the {len(node_checks)} node(s) it could land on"
             + (f"; not ok on {', '.join(bad[:5])}" if bad else ""),
-            [Evidence(f"node/{n}", f"discovered {node_checks[n].status}: {node_checks[n].summary}") for n in bad],
+            [
+                Evidence(f"node/{n}", f"discovered {node_checks[n].status}: {node_checks[n].summary}")
+                for n in bad
+            ],
         )
     else:
         discovered = ObligationResult(
-            Obligation.DISCOVERED.value, UNKNOWN, "no node's devices are among the inputs",
+            Obligation.DISCOVERED.value,
+            UNKNOWN,
+            "no node's devices are among the inputs",
             [Evidence(obj, "load the ResourceSlices (and Nodes) the template would draw from")],
         )
     role = _role_from_name(tmpl.name)
     return Subject(
-        "template", tmpl.name, tmpl.namespace, None, role or "templates", role,
+        "template",
+        tmpl.name,
+        tmpl.namespace,
+        None,
+        role or "templates",
+        role,
         {
             Obligation.DISCOVERED.value: discovered,
             Obligation.PRESERVED.value: preserved,
@@ -509,7 +563,15 @@ def _verified(
     topology: Topology, info: _PodInfo, reqs: list[dict[str, Any]], config: ContractConfig
 ) -> ObligationResult:
     obl = Obligation.VERIFIED.value
-    counts = {"transfers": 0, "rdma": 0, "rdma_with_nic": 0, "tcp": 0, "wrong_nic": 0, "local": 0, "unknown": 0}
+    counts = {
+        "transfers": 0,
+        "rdma": 0,
+        "rdma_with_nic": 0,
+        "tcp": 0,
+        "wrong_nic": 0,
+        "local": 0,
+        "unknown": 0,
+    }
     offenders: list[Evidence] = []
     for r in reqs:
         kv = r.get("kv_transfer")
@@ -523,19 +585,23 @@ def _verified(
         if transport == Transport.TCP.value or path_class == "tcp" or FlagName.TCP_FALLBACK.value in flags:
             counts["tcp"] += 1
             why = flags.get(FlagName.TCP_FALLBACK.value) or kv.get("evidence") or "transport tcp"
-            offenders.append(Evidence(f"request/{r.get('trace_id')}", f"KV transfer over TCP: {why}", link=_link(r)))
+            offenders.append(
+                Evidence(f"request/{r.get('trace_id')}", f"KV transfer over TCP: {why}", link=_link(r))
+            )
             continue
         nic_flags = [f for f in (FlagName.GPU_NIC_MISMATCH.value, FlagName.CROSS_RAIL.value) if f in flags]
         if nic_flags:
             verdicts = [_nic_ok_for_leg(topology, leg) for leg in legs]
             if not any(v is True for v in verdicts) or any(v is False for v in verdicts):
                 counts["wrong_nic"] += 1
-                offenders.append(Evidence(
-                    f"request/{r.get('trace_id')}",
-                    f"KV transfer not over this pod's own NIC ({', '.join(nic_flags)}): "
-                    + "; ".join(flags[f] for f in nic_flags if flags[f]),
-                    link=_link(r),
-                ))
+                offenders.append(
+                    Evidence(
+                        f"request/{r.get('trace_id')}",
+                        f"KV transfer not over this pod's own NIC ({', '.join(nic_flags)}): "
+                        + "; ".join(flags[f] for f in nic_flags if flags[f]),
+                        link=_link(r),
+                    )
+                )
                 continue
         if transport == Transport.RDMA.value:
             counts["rdma"] += 1
@@ -548,17 +614,21 @@ def _verified(
     if offenders:
         n = len(offenders)
         return ObligationResult(
-            obl, BROKEN,
+            obl,
+            BROKEN,
             f"{n} of {counts['transfers']} recent KV transfer(s) left RDMA or the pod's own NIC",
-            offenders[: config.max_links], counts,
+            offenders[: config.max_links],
+            counts,
         )
     if counts["rdma"] >= config.min_transfers and counts["rdma_with_nic"] > 0:
         return ObligationResult(
             obl, OK, f"{counts['rdma']} recent KV transfer(s) ran on RDMA over the pod's own NIC", [], counts
         )
     if counts["rdma"]:
-        why = "RDMA seen, but the NIC used was never reported" if not counts["rdma_with_nic"] else (
-            f"only {counts['rdma']} RDMA transfer(s); {config.min_transfers} needed"
+        why = (
+            "RDMA seen, but the NIC used was never reported"
+            if not counts["rdma_with_nic"]
+            else (f"only {counts['rdma']} RDMA transfer(s); {config.min_transfers} needed")
         )
     elif counts["transfers"]:
         why = "recent KV transfers carry no transport evidence (or stayed on the host)"
@@ -582,17 +652,28 @@ def _consumed(info: _PodInfo, reqs: list[dict[str, Any]], config: ContractConfig
         judged += 1
         levels[str(level or "unknown")] = levels.get(str(level or "unknown"), 0) + 1
         if is_blind:
-            blind.append(Evidence(
-                f"request/{r.get('trace_id')}",
-                f"topology-blind pairing: {flags[FlagName.TOPOLOGY_BLIND_PAIRING.value]}",
-                link=_link(r),
-            ))
-    counts: dict[str, int | float] = {"pairings": judged, "blind": len(blind), **{f"level_{k}": v for k, v in levels.items()}}
+            blind.append(
+                Evidence(
+                    f"request/{r.get('trace_id')}",
+                    f"topology-blind pairing: {flags[FlagName.TOPOLOGY_BLIND_PAIRING.value]}",
+                    link=_link(r),
+                )
+            )
+    counts: dict[str, int | float] = {
+        "pairings": judged,
+        "blind": len(blind),
+        **{f"level_{k}": v for k, v in levels.items()},
+    }
     if judged < max(1, config.min_pairings):
-        return ObligationResult(obl, UNKNOWN, "no recent pairing with topology evidence for this pod", [], counts)
+        return ObligationResult(
+            obl, UNKNOWN, "no recent pairing with topology evidence for this pod", [], counts
+        )
     share = len(blind) / judged
     counts["blind_share"] = round(share, 4)
-    text = f"{len(blind)} of {judged} recent pairing(s) topology-blind ({share:.0%}; threshold {config.blind_pairing_threshold:.0%})"
+    text = (
+        f"{len(blind)} of {judged} recent pairing(s) topology-blind "
+        f"({share:.0%}; threshold {config.blind_pairing_threshold:.0%})"
+    )
     if share > config.blind_pairing_threshold:
         return ObligationResult(obl, BROKEN, text, blind[: config.max_links], counts)
     return ObligationResult(obl, OK, text, blind[: config.max_links], counts)

@@ -48,7 +48,7 @@ def contract_command(args: argparse.Namespace) -> int:
     if db:
         try:
             summaries = list(recent_summaries(Settings(db=db).db, config.window_s))
-        except Exception as exc:  # noqa: BLE001 - any store failure is an input error for the CLI
+        except Exception as exc:
             print(f"railtrace contract: cannot read requests from {db}: {exc}", file=sys.stderr)
             return 2
     report = audit(topology, summaries, config)
@@ -105,7 +105,9 @@ def print_table(report: ContractReport, out: TextIO) -> None:
     if subjects:
         rows = [["KIND", "POD/TEMPLATE", "POOL", "NODE", *head]]
         for s in subjects:
-            rows.append([s.kind, s.key, s.pool, s.node or "-", *(_MARK[s.obligations[o].status] for o in OBLIGATIONS)])
+            rows.append(
+                [s.kind, s.key, s.pool, s.node or "-", *(_MARK[s.obligations[o].status] for o in OBLIGATIONS)]
+            )
         _table(rows, out)
         out.write("\n")
     if report.nodes:

@@ -21,7 +21,8 @@ OK, BROKEN, UNKNOWN = ContractStatus.OK.value, ContractStatus.BROKEN.value, Cont
 class Evidence:
     """One fact that decided (or would decide) an obligation, named by the object it is about."""
 
-    object: str  # "gpu/<node>/<device>", "nic/<node>/<device>", "node/<name>", "claim/<ns>/<name>", "request/<id>"
+    # "gpu/<node>/<device>", "nic/<node>/<device>", "node/<name>", "claim/<ns>/<name>", "request/<id>"
+    object: str
     message: str
     missing: list[str] = field(default_factory=list)  # attribute names the object does not publish
     link: str | None = None  # /api/v1/requests/{trace_id} for offending requests
@@ -71,7 +72,9 @@ class ContractReport:
     nodes: list[Rollup]
     pools: list[Rollup]
     fleet: Rollup
-    node_findings: dict[str, ObligationResult] = field(default_factory=dict)  # node -> its own discovered check
+    node_findings: dict[str, ObligationResult] = field(
+        default_factory=dict
+    )  # node -> its own discovered check
     inputs: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -186,7 +189,13 @@ def filter_report(
     doc["fleet"] = trim(doc["fleet"])
     doc["filters"] = {
         k: v
-        for k, v in (("pod", pod), ("node", node), ("pool", pool), ("obligation", obligation), ("status", status))
+        for k, v in (
+            ("pod", pod),
+            ("node", node),
+            ("pool", pool),
+            ("obligation", obligation),
+            ("status", status),
+        )
         if v is not None
     }
     return doc
