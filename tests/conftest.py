@@ -1,0 +1,53 @@
+"""Shared fixtures. `db_url` runs a test once on SQLite and once on PostgreSQL.
+
+PostgreSQL: each test gets its own throwaway schema on the server at
+`RAILTRACE_TEST_PG` (default `postgresql+psycopg://postgres@127.0.0.1:5432/test`), selected
+through `search_path`, dropped afterwards; other users of the server are not touched.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+PG_URL = os.environ.get("RAILTRACE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture(scope="session")
+def pg_admin() -> Iterator[object]:
+    engine = create_engine(PG_URL, isolation_level="AUTOCOMMIT", pool_size=1)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        engine.dispose()
+        pytest.skip(f"PostgreSQL not reachable at {make_url(PG_URL).render_as_string()}: {exc}")
+    yield engine
+    engine.dispose()
+
+
+def _pg_schema_url(pg_admin: object) -> Iterator[str]:
+    schema = f"rt_test_{uuid.uuid4().hex[:12]}"
+    with pg_admin.connect() as conn:  # type: ignore[attr-defined]
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    url = make_url(PG_URL).update_query_dict({"options": f"-csearch_path={schema}"})
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with pg_admin.connect() as conn:  # type: ignore[attr-defined]
+            conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database URL: a SQLite file, or a PostgreSQL schema of its own."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'railtrace.db'}"
+    else:
+        yield from _pg_schema_url(request.getfixturevalue("pg_admin"))
