@@ -410,6 +410,19 @@ SPAN_FILTER_ENDPOINTS = "filter_endpoints"
 SPAN_EPP_SCORING = "llm_d.epp.scoring"
 SPAN_EPP_SCORER_PREFIX = "llm_d.epp.scorer."  # + scorer type, one span per scorer
 SPAN_PD_SERVER_PREFIX = "llm_d.pd_proxy."  # + "<METHOD> <path>", the sidecar's inbound server span
+# Further llm-d span names, current and older generations (reference llm-d-telemetry.md §4-§5);
+# the simulator emits them so that normalisation is exercised on every generation.
+SPAN_GATEWAY_ORCHESTRATION = "gateway.request_orchestration"
+SPAN_PICK_DISAGG_PROFILE = "pick_disagg_profile"
+SPAN_PREPARE_DISAGGREGATION = "prepare_disaggregation"
+SPAN_SCORE_PREFIX_CACHE = "score_prefix_cache"  # v0.9 prefix scorer
+SPAN_HTTP_CLIENT_POST = "HTTP POST"  # otelhttp transport CLIENT span of the sidecar
+SPAN_V08_PD_REQUEST = "llm_d.pd_proxy.request"  # sidecar root <= v0.8
+SPAN_V08_PD_PREFILL = "llm_d.pd_proxy.prefill"  # nixlv2 stages <= v0.8
+SPAN_V08_PD_DECODE = "llm_d.pd_proxy.decode"
+SPAN_V08_DISAGG_PICK = "llm_d.epp.disagg.profile_handler.pick"
+SPAN_V08_PREREQUEST_DISAGG = "llm_d.epp.prerequest.disaggregation"
+SPAN_V08_PREFIX_SCORER = "llm_d.epp.scorer.prefix_cache"
 
 SPAN_NAMES: dict[str, str] = {
     SPAN_KV_TRANSFER: "One KV-cache transfer (railtrace shim).",
