@@ -270,7 +270,7 @@ def _discovered_node(topology: Topology, name: str, config: ContractConfig) -> O
                 "node does not publish its block/subblock/host, so the router cannot rank pairings",
                 missing_labels,
             )
-            if labels or not _only_from_devices(node):
+            if labels:  # a Node object was loaded: what it lacks, it does not publish
                 evidence.append(item)
             else:
                 item.message = (
@@ -301,12 +301,6 @@ def _discovered_node(topology: Topology, name: str, config: ContractConfig) -> O
         [],
         {"gpus": len(gpus), "rdma_nics": len(nics)},
     )
-
-
-def _only_from_devices(node: Any) -> bool:
-    """True when no Node object was loaded (the model made the node up from slices or a topo matrix)."""
-    sources = [str(s) for s in (getattr(node, "sources", ()) or ())]
-    return not any("node" in s.lower() for s in sources)
 
 
 def _discovered_pod(
