@@ -1,0 +1,49 @@
+"""Trace assembly: the spans of one request, from many processes and maybe many traces, to
+one `RequestFacts`. Pure logic: no clock, no store; the ingest loop decides when to call it
+(root ended plus `quiet_period_s`) and calls it again when a late span arrives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from railtrace.assembly.facts import build
+from railtrace.assembly.stitch import dedupe, group
+from railtrace.model import RequestFacts, Span
+from railtrace.normalize import span_request_keys
+
+__all__ = ["assemble", "request_keys"]
+
+
+def request_keys(span: Span) -> list[str]:
+    """Normalised join keys of a span: sidecar request id, `llm_d.kv_transfer.request_id`,
+    `x-request-id`, and vLLM `gen_ai.request.id` without its `chatcmpl-`/`cmpl-` prefix and
+    `-N` suffix. Empty for spans that name no request, and for odd input."""
+    try:
+        return span_request_keys(span)
+    except Exception:
+        return []
+
+
+def assemble(spans: Sequence[Span], now_ns: int | None = None) -> list[RequestFacts]:
+    """One `RequestFacts` per request found among `spans`; never raises.
+
+    Duplicates (exporter retries) are dropped, spans are normalised in place, traces sharing
+    a request key are stitched, and groups that are not requests (a lone `index_evict`,
+    unknown spans) yield nothing. `now_ns` is accepted for the assembler loop's bookkeeping;
+    the facts depend on the spans alone, so assembling again after a late span is safe.
+    """
+    del now_ns  # the facts are a function of the spans only (see docstring)
+    try:
+        unique = dedupe(spans)
+        results: list[RequestFacts] = []
+        for members in group(unique):
+            try:
+                facts = build(members)
+            except Exception:  # one odd group must not cost the others
+                facts = None
+            if facts is not None:
+                results.append(facts)
+        return sorted(results, key=lambda f: (f.start_ns, f.trace_id))
+    except Exception:
+        return []

@@ -1,0 +1,698 @@
+"""One group of normalised spans -> one RequestFacts.
+
+Timing rule (docs/normalisation.md, "Clock skew"): every stage is a duration measured inside
+one process -- a vLLM `gen_ai.latency.*` value, a sidecar `llm_d.pd_proxy.*_ms` value or one
+span's own end minus start. The only cross-process difference used (gateway start to the
+next hop's start, inside TTFT) is bounded by the within-process difference of the two
+spans' durations. Whatever still comes out negative is clamped to 0 and the clamp is
+written into `timing_sources`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import orjson
+
+from railtrace.model import Candidate, Endpoint, Flag, KVFacts, RequestFacts, RouterPick, Span
+from railtrace.normalize import engine_leg_hint, normalize_request_id, span_request_keys
+from railtrace.normalize import table as ntable
+from railtrace_tracing import semconv
+from railtrace_tracing.semconv import FlagName, Role, Stage, Transport
+
+REQUEST_ROLES = frozenset(
+    {Role.GATEWAY, Role.SCHEDULING, Role.PROXY, Role.PREFILL, Role.DECODE, Role.KV_TRANSFER}
+)
+LOOPBACK_PREFIXES = ("localhost", "127.", "[::1]", "::1", "0.0.0.0")
+MAX_ANCESTRY = 64
+PREFILL = Role.PREFILL.value
+DECODE = Role.DECODE.value
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                return None
+        else:
+            return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _int(value: Any) -> int | None:
+    number = _num(value)
+    if number is None or not number.is_integer():
+        return None
+    return int(number)
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _str_list(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value] if value else []
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, str)]
+    return []
+
+
+def _num_list(value: Any) -> list[float | None]:
+    if not isinstance(value, list):
+        return []
+    return [_num(v) for v in value]
+
+
+def _ref(span: Span) -> str:
+    return f"{span.canonical_name}@{span.span_id}"
+
+
+class _Trees:
+    """Parent lookups inside one group (ids are unique per trace, not globally)."""
+
+    def __init__(self, spans: Sequence[Span]) -> None:
+        self.by_key = {(s.trace_id, s.span_id): s for s in spans}
+
+    def parent(self, span: Span) -> Span | None:
+        if not span.parent_span_id:
+            return None
+        return self.by_key.get((span.trace_id, span.parent_span_id))
+
+    def ancestors(self, span: Span) -> Iterable[Span]:
+        seen = {span.span_id}
+        current = self.parent(span)
+        for _ in range(MAX_ANCESTRY):
+            if current is None or current.span_id in seen:
+                return
+            seen.add(current.span_id)
+            yield current
+            current = self.parent(current)
+
+
+def _first(spans: Iterable[Span]) -> Span | None:
+    return min(spans, key=lambda s: (s.start_ns, s.span_id), default=None)
+
+
+def _is_sidecar_leg(span: Span) -> bool:
+    return span.canonical_name in (PREFILL, DECODE) and span.role in (PREFILL, DECODE)
+
+
+def _is_sidecar_server(span: Span) -> bool:
+    return (
+        span.role == Role.PROXY.value
+        and span.canonical_name.startswith("llm_d.pd_proxy.")
+        and span.canonical_name != "forward_request"
+    )
+
+
+class _Timing:
+    """Collects stages with their sources; clamps negatives and says so."""
+
+    def __init__(self) -> None:
+        self.stages: dict[str, float] = {}
+        self.sources: dict[str, str] = {}
+
+    def put(self, stage: str, value: float | None, source: str) -> float | None:
+        if value is None or not math.isfinite(value):
+            return None
+        if value < 0:
+            source = f"{source}; clamped from {value:.6f} to 0"
+            value = 0.0
+        self.stages[str(stage)] = round(value, 6)
+        self.sources[str(stage)] = source
+        return value
+
+
+def _engine_leg(span: Span, trees: _Trees) -> tuple[str | None, str]:
+    """The leg of a vLLM `llm_request`: nearest sidecar leg ancestor first, then the span's
+    own evidence (`llm_d.role`, service name, `max_tokens=1`)."""
+    for ancestor in trees.ancestors(span):
+        if _is_sidecar_leg(ancestor):
+            return ancestor.role, f"parent chain: {_ref(ancestor)}"
+    return engine_leg_hint(span)
+
+
+class _Request:
+    def __init__(self, spans: Sequence[Span]) -> None:
+        self.spans = sorted(spans, key=lambda s: (s.start_ns, s.trace_id, s.span_id))
+        self.trees = _Trees(self.spans)
+        named: dict[str, list[Span]] = {}
+        for span in self.spans:
+            named.setdefault(span.canonical_name, []).append(span)
+        self.named = named
+        self.gateways = named.get(semconv.SPAN_GATEWAY_REQUEST, [])
+        self.orchestrations = named.get("gateway.request_orchestration", [])
+        self.profiles = named.get(semconv.SPAN_RUN_SCHEDULER_PROFILE, [])
+        self.pick_spans = named.get(semconv.SPAN_PICK_ENDPOINTS, [])
+        self.prepares = named.get("prepare_disaggregation", [])
+        self.servers = [s for s in self.spans if _is_sidecar_server(s)]
+        self.forwards = named.get(semconv.SPAN_PD_FORWARD, [])
+        self.sc_prefill = [s for s in named.get(PREFILL, []) if s.role == PREFILL]
+        self.sc_decode = [s for s in named.get(DECODE, []) if s.role == DECODE]
+        self.kv_spans = [s for s in self.spans if s.role == Role.KV_TRANSFER.value]
+        self.engine: dict[str, Span] = {}
+        self.engine_basis: dict[str, str] = {}
+        self._assign_engines(named.get(semconv.SPAN_VLLM_REQUEST, []))
+        self.sidecar_spans = [*self.servers, *self.forwards, *self.sc_prefill, *self.sc_decode]
+
+    # -- legs --------------------------------------------------------------------------
+    def _assign_engines(self, engines: list[Span]) -> None:
+        unknown: list[Span] = []
+        for span in engines:
+            leg, basis = _engine_leg(span, self.trees)
+            if leg in (PREFILL, DECODE):
+                if leg not in self.engine:
+                    self.engine[leg] = span
+                    self.engine_basis[leg] = basis
+                # Further engine spans of a leg (retries) add nothing to the facts.
+            else:
+                unknown.append(span)
+        unknown.sort(key=lambda s: (s.end_ns - s.start_ns, s.span_id))
+        if len(unknown) >= 2 and PREFILL not in self.engine:
+            self.engine[PREFILL] = unknown.pop(0)
+            self.engine_basis[PREFILL] = "shorter of two unlabelled llm_request spans"
+        for span in unknown:
+            for leg in (DECODE, PREFILL):
+                if leg not in self.engine:
+                    self.engine[leg] = span
+                    self.engine_basis[leg] = "only unlabelled llm_request"
+                    break
+
+    def sidecar_attr(self, key: str) -> tuple[Any, Span | None]:
+        for span in [*self.sc_decode, *self.sc_prefill, *self.forwards, *self.servers]:
+            if key in span.attributes:
+                return span.attributes[key], span
+        return None, None
+
+    def top(self) -> Span:
+        for candidates in (self.gateways, self.servers, self.forwards, self.sc_prefill, self.sc_decode):
+            roots = [s for s in candidates if self.trees.parent(s) is None]
+            found = _first(roots) or _first(candidates)
+            if found is not None:
+                return found
+        for leg in (PREFILL, DECODE):
+            if leg in self.engine:
+                return self.engine[leg]
+        return self.spans[0]
+
+    def sidecar_top(self) -> Span | None:
+        return _first(self.servers) or _first(self.forwards)
+
+
+def _engine_attr(req: _Request, leg: str, key: str) -> tuple[float | None, str]:
+    span = req.engine.get(leg)
+    if span is None:
+        return None, ""
+    return _num(span.attributes.get(key)), f"attr:{key}@{span.span_id}"
+
+
+def _sidecar_ms(req: _Request, *keys: str) -> tuple[float | None, str]:
+    for key in keys:
+        raw, span = req.sidecar_attr(key)
+        value = _num(raw)
+        if value is not None and span is not None:
+            return value / 1000.0, f"attr:{key}@{span.span_id}"
+    return None, ""
+
+
+def _timing(req: _Request, kv: KVFacts | None, top: Span) -> tuple[_Timing, float | None, float | None]:
+    t = _Timing()
+    # Scheduling: the EPP's own orchestration span (one process).
+    if req.orchestrations:
+        t.put(
+            Stage.SCHEDULING,
+            sum(s.duration_s for s in req.orchestrations),
+            " + ".join(f"span:{_ref(s)}" for s in req.orchestrations),
+        )
+    elif req.profiles:
+        t.put(
+            Stage.SCHEDULING,
+            sum(s.duration_s for s in req.profiles),
+            " + ".join(f"span:{_ref(s)}" for s in req.profiles),
+        )
+
+    # Prefill leg.
+    p_queue, p_queue_src = _engine_attr(req, PREFILL, semconv.VLLM_QUEUE)
+    t.put(Stage.PREFILL_QUEUE, p_queue, p_queue_src)
+    p_model, p_model_src = _engine_attr(req, PREFILL, semconv.VLLM_PREFILL)
+    if p_model is None:
+        p_ttft, p_ttft_src = _engine_attr(req, PREFILL, semconv.VLLM_TTFT)
+        if p_ttft is not None:
+            p_model = p_ttft - (p_queue or 0.0)
+            p_model_src = p_ttft_src + (f" - {p_queue_src}" if p_queue is not None else "")
+    if p_model is None:
+        p_model, p_model_src = _sidecar_ms(
+            req, semconv.PD_PREFILL_DURATION_MS, semconv.PD_PREFILL_LEG_DURATION_MS
+        )
+        if p_model is None and req.sc_prefill:
+            span = req.sc_prefill[0]
+            p_model, p_model_src = span.duration_s, f"span:{_ref(span)}"
+        if p_model is None and PREFILL in req.engine:
+            span = req.engine[PREFILL]
+            p_model, p_model_src = span.duration_s, f"span:{_ref(span)}"
+        if p_model is not None and p_queue is not None:
+            p_model, p_model_src = p_model - p_queue, f"{p_model_src} - {p_queue_src}"
+    t.put(Stage.PREFILL, p_model, p_model_src)
+
+    # KV transfer: the railtrace shim's span, measured in the process that ran it.
+    kv_s = kv.duration_s if kv is not None else None
+    if kv is not None and kv_s is not None:
+        t.put(Stage.KV_TRANSFER, kv_s, f"span:{semconv.SPAN_KV_TRANSFER}@{kv.span_id}")
+
+    # Decode leg. vLLM holds a P/D request in its queue while it pulls the KV cache, so the
+    # transfer is taken out of decode time_in_queue rather than counted twice.
+    d_queue, d_queue_src = _engine_attr(req, DECODE, semconv.VLLM_QUEUE)
+    if d_queue is not None and kv_s is not None:
+        d_queue, d_queue_src = d_queue - kv_s, f"{d_queue_src} - span:{semconv.SPAN_KV_TRANSFER}@{kv.span_id}"  # type: ignore[union-attr]
+    t.put(Stage.DECODE_QUEUE, d_queue, d_queue_src)
+    d_raw_queue, _ = _engine_attr(req, DECODE, semconv.VLLM_QUEUE)
+    d_model, d_model_src = _engine_attr(req, DECODE, semconv.VLLM_INFERENCE)
+    if d_model is None:
+        first, first_src = _engine_attr(req, DECODE, semconv.VLLM_PREFILL)
+        rest, rest_src = _engine_attr(req, DECODE, semconv.VLLM_DECODE)
+        if first is not None and rest is not None:
+            d_model, d_model_src = first + rest, f"{first_src} + {rest_src}"
+    if d_model is None:
+        e2e, e2e_src = _engine_attr(req, DECODE, semconv.VLLM_E2E)
+        if e2e is None and DECODE in req.engine:
+            span = req.engine[DECODE]
+            e2e, e2e_src = span.duration_s, f"span:{_ref(span)}"
+        if e2e is None:
+            e2e, e2e_src = _sidecar_ms(req, semconv.PD_DECODE_DURATION_MS, semconv.PD_DECODE_LEG_DURATION_MS)
+        if e2e is None and req.sc_decode:
+            span = req.sc_decode[0]
+            e2e, e2e_src = span.duration_s, f"span:{_ref(span)}"
+        if e2e is not None:
+            d_model, d_model_src = e2e, e2e_src
+            if d_raw_queue is not None:
+                d_model, d_model_src = e2e - d_raw_queue, f"{e2e_src} - {d_queue_src.split(' - ')[0]}"
+    t.put(Stage.DECODE, d_model, d_model_src)
+
+    # End to end: the outermost hop's own span.
+    e2e_s = top.duration_s
+    t.sources["e2e"] = f"span:{_ref(top)}"
+
+    ttft_s = _ttft(req, t)
+    return t, ttft_s, e2e_s
+
+
+def _bounded_offset(outer: Span, inner: Span) -> tuple[float, str]:
+    """Start of `inner` after start of `outer`, two processes apart: bounded by the
+    difference of their own durations, so clock skew cannot stretch it past that."""
+    raw = (inner.start_ns - outer.start_ns) / 1e9
+    bound = max(0.0, outer.duration_s - inner.duration_s)
+    value = min(max(raw, 0.0), bound)
+    note = f"span:{_ref(outer)}..{_ref(inner)} start offset"
+    if value != raw:
+        note += f" (bounded from {raw:.6f} to [0, {bound:.6f}])"
+    return value, note
+
+
+def _ttft(req: _Request, t: _Timing) -> float | None:
+    """Client-side time to first token: gateway to sidecar, sidecar to decode start (the
+    sidecar's own `true_ttft_ms`), then the decode engine's own time to first token."""
+    d_ttft, d_ttft_src = _engine_attr(req, DECODE, semconv.VLLM_TTFT)
+    if d_ttft is None:
+        return None
+    parts: list[str] = []
+    total = 0.0
+    sidecar = req.sidecar_top()
+    next_hop = sidecar or req.engine.get(PREFILL) or req.engine.get(DECODE)
+    gateway = _first(req.gateways)
+    if gateway is not None and next_hop is not None:
+        offset, note = _bounded_offset(gateway, next_hop)
+        total += offset
+        parts.append(note)
+    if sidecar is not None:
+        true_ttft, src = _sidecar_ms(req, semconv.PD_TRUE_TTFT_MS)
+        if true_ttft is None and req.sc_decode:
+            leg = _first(req.sc_decode)
+            assert leg is not None
+            if leg.trace_id == sidecar.trace_id and leg.service_name == sidecar.service_name:
+                true_ttft = (leg.start_ns - sidecar.start_ns) / 1e9
+                src = f"span:{_ref(sidecar)}..{_ref(leg)} start offset (one process)"
+        if true_ttft is None:
+            true_ttft, src = _sidecar_ms(
+                req, semconv.PD_PREFILL_DURATION_MS, semconv.PD_PREFILL_LEG_DURATION_MS
+            )
+        if true_ttft is not None:
+            total += max(0.0, true_ttft)
+            parts.append(src)
+    elif PREFILL in req.engine and DECODE in req.engine:
+        span = req.engine[PREFILL]
+        e2e, src = _engine_attr(req, PREFILL, semconv.VLLM_E2E)
+        if e2e is None:
+            e2e, src = span.duration_s, f"span:{_ref(span)}"
+        total += max(0.0, e2e)
+        parts.append(src)
+    total += max(0.0, d_ttft)
+    parts.append(d_ttft_src)
+    t.sources["ttft"] = " + ".join(parts)
+    return round(total, 6)
+
+
+def _kv_facts(req: _Request) -> KVFacts | None:
+    spans = sorted(req.kv_spans, key=lambda s: (s.start_ns, s.span_id))
+    if not spans:
+        return None
+    first = spans[0]
+
+    def attr(key: str, conv: Callable[[Any], Any] = _str) -> Any:
+        for span in spans:
+            value = conv(span.attributes.get(key))
+            if value is not None:
+                return value
+        return None
+
+    transports = []
+    for span in spans:
+        value = _str(span.attributes.get(semconv.KV_TRANSPORT))
+        value = value.lower() if value else None
+        if value in {t.value for t in Transport} and value not in transports:
+            transports.append(value)
+    known = [t for t in transports if t != Transport.UNKNOWN.value]
+    transport = Transport.TCP.value if Transport.TCP.value in known else (known[0] if known else "unknown")
+
+    devices: list[str] = []
+    for span in spans:
+        for device in _str_list(span.attributes.get(semconv.KV_DEVICES)):
+            if device not in devices:
+                devices.append(device)
+    split = [v for v in _num_list(first.attributes.get(semconv.KV_SPLIT)) if v is not None]
+    if len(spans) > 1:
+        split = []
+
+    byte_values = [b for b in (_int(s.attributes.get(semconv.KV_BYTES)) for s in spans) if b is not None]
+    desc_values = [
+        d for d in (_int(s.attributes.get(semconv.KV_DESCRIPTORS)) for s in spans) if d is not None
+    ]
+    same_process = len({(s.service_name, str(s.resource.get(semconv.RES_POD))) for s in spans}) == 1
+    if same_process:
+        duration = (max(s.end_ns for s in spans) - min(s.start_ns for s in spans)) / 1e9
+    else:
+        duration = max(s.duration_s for s in spans)
+
+    error = attr(semconv.ERROR_TYPE)
+    if error is None:
+        failed = next((s for s in spans if s.status_code == 2), None)
+        if failed is not None:
+            error = failed.status_message or "error"
+
+    resource = first.resource if isinstance(first.resource, dict) else {}
+    return KVFacts(
+        span_id=first.span_id,
+        operation=attr(semconv.KV_OPERATION),
+        connector=attr(semconv.KV_CONNECTOR),
+        backend=attr(semconv.KV_BACKEND),
+        bytes=sum(byte_values) if byte_values else None,
+        descriptors=sum(desc_values) if desc_values else None,
+        duration_s=round(max(0.0, duration), 9),
+        transport=transport,
+        devices=devices,
+        split=split,
+        local_gpu=attr(semconv.KV_LOCAL_GPU),
+        remote_host=attr(semconv.KV_REMOTE_HOST),
+        remote_engine_id=attr(semconv.KV_REMOTE_ENGINE_ID),
+        error_type=error,
+        evidence=attr(semconv.KV_EVIDENCE),
+        pod=_str(resource.get(semconv.RES_POD)),
+        node=_str(resource.get(semconv.RES_NODE)),
+        host=_str(resource.get(semconv.RES_HOST)),
+    )
+
+
+def _profile_of(req: _Request, span: Span) -> str:
+    for candidate in (span, *req.trees.ancestors(span)):
+        for key in (semconv.ROUTER_PROFILE, semconv.EPP_PROFILE_NAME):
+            value = _str(candidate.attributes.get(key))
+            if value:
+                return value
+        if candidate.canonical_name == semconv.SPAN_RUN_SCHEDULER_PROFILE:
+            break
+    return ""
+
+
+def _scorer_scores(raw: Any) -> dict[str, float]:
+    if isinstance(raw, dict):
+        parsed: Any = raw
+    elif isinstance(raw, str):
+        try:
+            parsed = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return {}
+    else:
+        return {}
+    if not isinstance(parsed, dict):
+        return {}
+    return {str(k): v for k, v in ((k, _num(v)) for k, v in parsed.items()) if v is not None}
+
+
+def _picks(req: _Request) -> list[RouterPick]:
+    picks: list[RouterPick] = []
+    for span in req.pick_spans:
+        attrs = span.attributes
+        profile = _profile_of(req, span)
+        shim_endpoints = _str_list(attrs.get(semconv.ROUTER_CANDIDATE_ENDPOINTS))
+        top = _str_list(attrs.get(semconv.EPP_PICKER_TOP_ENDPOINTS))
+        chosen = _str(attrs.get(semconv.ROUTER_CHOSEN)) or (top[0] if top else None)
+        candidates: list[Candidate] = []
+        if shim_endpoints:
+            scores = _num_list(attrs.get(semconv.ROUTER_CANDIDATE_SCORES))
+            per_scorer = attrs.get(semconv.ROUTER_CANDIDATE_SCORER_SCORES)
+            per_scorer = per_scorer if isinstance(per_scorer, list) else []
+            topo = attrs.get(semconv.ROUTER_CANDIDATE_TOPOLOGY)
+            topo = topo if isinstance(topo, list) else []
+            pods = attrs.get(semconv.ROUTER_CANDIDATE_PODS)
+            pods = pods if isinstance(pods, list) else []
+            for i, endpoint in enumerate(shim_endpoints):
+                candidates.append(
+                    Candidate(
+                        endpoint=endpoint,
+                        score=scores[i] if i < len(scores) else None,
+                        scorer_scores=_scorer_scores(per_scorer[i]) if i < len(per_scorer) else {},
+                        topology=_str(topo[i]) if i < len(topo) else None,
+                        pod=_str(pods[i]) if i < len(pods) else None,
+                    )
+                )
+            source = "router_shim"
+        else:
+            scores = _num_list(attrs.get(semconv.EPP_PICKER_TOP_SCORES))
+            candidates = [
+                Candidate(endpoint=e, score=scores[i] if i < len(scores) else None) for i, e in enumerate(top)
+            ]
+            source = "epp_picker"
+        picks.append(
+            RouterPick(
+                profile=profile, chosen=chosen, candidates=candidates, span_id=span.span_id, source=source
+            )
+        )
+    return picks
+
+
+def _pick_address(values: Iterable[str | None]) -> str | None:
+    """First non-loopback `host:port`; router endpoint ids like `namespace/pod` are not addresses."""
+    found = [v for v in values if v and "/" not in v]
+    for value in found:
+        if not value.lower().startswith(LOOPBACK_PREFIXES):
+            return value
+    return found[0] if found else None
+
+
+def _client_target(req: _Request, leg: str) -> str | None:
+    """`server.address:port` of the sidecar's outbound HTTP span under that leg."""
+    for span in req.spans:
+        if span.canonical_name not in ntable.HTTP_CLIENT_NAMES:
+            continue
+        nearest = next((a for a in req.trees.ancestors(span) if _is_sidecar_leg(a)), None)
+        if nearest is None or nearest.role != leg:
+            continue
+        host = _str(span.attributes.get(semconv.SERVER_ADDRESS))
+        port = _int(span.attributes.get(semconv.SERVER_PORT))
+        if host:
+            return f"{host}:{port}" if port is not None else host
+    return None
+
+
+def _endpoint(req: _Request, leg: str, picks: list[RouterPick]) -> Endpoint:
+    addresses: list[str | None] = []
+    if leg == PREFILL:
+        addresses.append(_str(req.sidecar_attr(semconv.PD_PREFILL_TARGET)[0]))
+    else:
+        for span in req.sc_decode:
+            addresses.append(_str(span.attributes.get(semconv.PD_DECODE_TARGET)))
+    addresses.append(_client_target(req, leg))
+    if leg == PREFILL:
+        for span in req.prepares:
+            host = _str(span.attributes.get(semconv.EPP_PD_PREFILL_ADDRESS))
+            port = span.attributes.get(semconv.EPP_PD_PREFILL_PORT)
+            if host:
+                addresses.append(f"{host}:{port}" if isinstance(port, str | int) and port != "" else host)
+    addresses.extend(p.chosen for p in picks if p.profile == leg)
+    endpoint = Endpoint(address=_pick_address(addresses))
+    engine = req.engine.get(leg)
+    if engine is not None:
+        resource = engine.resource if isinstance(engine.resource, dict) else {}
+        endpoint.pod = _str(resource.get(semconv.RES_POD))
+        endpoint.node = _str(resource.get(semconv.RES_NODE))
+        endpoint.host = _str(resource.get(semconv.RES_HOST))
+        endpoint.service = engine.service_name or None
+        endpoint.span_id = engine.span_id
+    if endpoint.pod is None:
+        # The EPP names endpoints `namespace/pod`: the pod the router chose for this leg.
+        for pick in picks:
+            if pick.profile == leg and pick.chosen and pick.chosen.count("/") == 1 and ":" not in pick.chosen:
+                endpoint.pod = pick.chosen.split("/", 1)[1] or None
+                break
+    return endpoint
+
+
+def _join_evidence(req: _Request, primary: str) -> tuple[str, str | None] | None:
+    """Which spans of other traces were joined to the primary trace, and on which key."""
+    primary_keys: set[str] = set()
+    for span in req.spans:
+        if span.trace_id == primary:
+            primary_keys.update(span_request_keys(span))
+    others = sorted({s.trace_id for s in req.spans} - {primary})
+    if not others:
+        return None
+    notes: list[str] = []
+    first_span: str | None = None
+    for trace_id in others:
+        spans = [s for s in req.spans if s.trace_id == trace_id]
+        root = next((s for s in spans if req.trees.parent(s) is None), spans[0])
+        how = "shared request id"
+        for span in spans:
+            for attr in ntable.KEY_ATTRIBUTES:
+                raw = span.attributes.get(attr)
+                values = raw if isinstance(raw, list) else [raw]
+                if any(normalize_request_id(v) in primary_keys for v in values):
+                    shown = next(v for v in values if normalize_request_id(v) in primary_keys)
+                    how = f"{_ref(span)} {attr}={shown}"
+                    break
+            else:
+                continue
+            break
+        first_span = first_span or root.span_id
+        notes.append(f"trace {trace_id} (root {_ref(root)}) joined by {how}")
+    return (
+        f"hops of this request arrived in {len(others) + 1} traces: " + "; ".join(notes),
+        first_span,
+    )
+
+
+def _missing_hops(req: _Request) -> list[tuple[str, str | None]]:
+    missing: list[tuple[str, str | None]] = []
+    for leg, legs in ((PREFILL, req.sc_prefill), (DECODE, req.sc_decode)):
+        if legs and leg not in req.engine:
+            span = legs[0]
+            rid = _str(span.attributes.get(semconv.PD_REQUEST_ID))
+            missing.append(
+                (
+                    f"sidecar {leg} span {_ref(span)}"
+                    + (f" ({semconv.PD_REQUEST_ID}={rid})" if rid else "")
+                    + f" has no vLLM {semconv.SPAN_VLLM_REQUEST} for its {leg} leg in any trace",
+                    span.span_id,
+                )
+            )
+    engines = req.engine
+    if not req.sidecar_spans and PREFILL in engines and DECODE in engines:
+        span = engines[PREFILL]
+        missing.append(
+            (f"P/D request with {_ref(span)} and a decode llm_request but no P/D sidecar span", span.span_id)
+        )
+    if PREFILL in engines and DECODE not in engines and not req.sc_decode:
+        span = engines[PREFILL]
+        missing.append((f"prefill leg {_ref(span)} has no decode leg in any trace", span.span_id))
+    router_only = all(
+        s.role in (Role.GATEWAY.value, Role.SCHEDULING.value, Role.KV_CACHE.value, Role.OTHER.value)
+        for s in req.spans
+    )
+    if router_only:
+        anchor = _first(req.gateways) or req.spans[0]
+        missing.append(
+            (
+                f"only router spans ({_ref(anchor)}): no sidecar or vLLM span shares its trace or request id"
+                " (sidecar tracing is off by default; vLLM needs OTEL settings)",
+                anchor.span_id,
+            )
+        )
+    if not req.sidecar_spans and not engines and not router_only and req.kv_spans:
+        span = req.kv_spans[0]
+        missing.append((f"{_ref(span)} has no sidecar or vLLM span in any trace", span.span_id))
+    return missing
+
+
+def _request_id(req: _Request) -> str | None:
+    raw, _ = req.sidecar_attr(semconv.PD_REQUEST_ID)
+    key = normalize_request_id(raw)
+    if key:
+        return key
+    ordered = [req.engine.get(DECODE), req.engine.get(PREFILL), *req.kv_spans, *req.spans]
+    for span in ordered:
+        if span is not None:
+            keys = span_request_keys(span)
+            if keys:
+                return keys[0]
+    return None
+
+
+def _model(req: _Request) -> str | None:
+    for key in (semconv.GEN_AI_REQUEST_MODEL, semconv.TARGET_MODEL, semconv.GEN_AI_RESPONSE_MODEL):
+        for span in req.spans:
+            value = _str(span.attributes.get(key))
+            if value:
+                return value
+    return None
+
+
+def build(spans: Sequence[Span]) -> RequestFacts | None:
+    """Facts of one request, or None when the group is not a request (e.g. `index_evict`)."""
+    if not any(s.role in REQUEST_ROLES for s in spans):
+        return None
+    req = _Request(spans)
+    top = req.top()
+    primary = top.trace_id
+    kv = _kv_facts(req)
+    timing, ttft_s, e2e_s = _timing(req, kv, top)
+    picks = _picks(req)
+    flags: list[Flag] = []
+    evidence: list[str] = []
+    flag_span: str | None = None
+    joined = _join_evidence(req, primary)
+    if joined is not None:
+        evidence.append(joined[0])
+        flag_span = joined[1]
+    missing = _missing_hops(req)
+    for note, span_id in missing:
+        evidence.append(note)
+        flag_span = flag_span or span_id
+    if evidence:
+        flags.append(Flag(name=FlagName.BROKEN_TRACE.value, evidence="; ".join(evidence), span_id=flag_span))
+    for leg, basis in sorted(req.engine_basis.items()):
+        timing.sources[f"{leg}_leg"] = basis
+    rooted = top.role in (Role.GATEWAY.value, Role.PROXY.value) and req.trees.parent(top) is None
+    return RequestFacts(
+        trace_id=primary,
+        trace_ids=[primary, *sorted({s.trace_id for s in req.spans} - {primary})],
+        request_id=_request_id(req),
+        model=_model(req),
+        start_ns=top.start_ns,
+        end_ns=max(top.end_ns, top.start_ns),
+        ttft_s=ttft_s,
+        e2e_s=round(e2e_s, 6) if e2e_s is not None else None,
+        breakdown_s=timing.stages,
+        prefill=_endpoint(req, PREFILL, picks),
+        decode=_endpoint(req, DECODE, picks),
+        kv=kv,
+        picks=picks,
+        flags=flags,
+        span_count=len(req.spans),
+        complete=rooted and not missing,
+        timing_sources=timing.sources,
+    )

@@ -1,0 +1,153 @@
+"""Normalisation: give every received span a role, its current llm-d name, its generation
+and its request join key, so that assembly reads one vocabulary whatever version of llm-d,
+the legacy GIE EPP, vLLM or railtrace's shims sent it. The names live in `table.py` only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from railtrace.model import Span
+from railtrace.normalize import table
+from railtrace.normalize.table import Rule, lookup
+from railtrace_tracing import semconv
+from railtrace_tracing.semconv import Role
+
+__all__ = [
+    "engine_leg_hint",
+    "normalize_request_id",
+    "normalize_span",
+    "span_request_keys",
+]
+
+
+def normalize_request_id(value: Any) -> str | None:
+    """One request id in its joinable form: vLLM's `chatcmpl-`/`cmpl-` prefix and `-N`
+    suffix removed, lower case, so the sidecar's UUID, `x-request-id` and vLLM's id meet."""
+    if not isinstance(value, str):
+        return None
+    key = value.strip().lower()
+    for prefix in table.REQUEST_ID_PREFIXES:
+        if key.startswith(prefix):
+            key = key[len(prefix) :]
+            if prefix in table.REQUEST_ID_SUFFIXED_PREFIXES:
+                key = table.REQUEST_ID_INDEX_SUFFIX.sub("", key)
+            break
+    return key if len(key) >= table.MIN_KEY_CHARS else None
+
+
+def span_request_keys(span: Span) -> list[str]:
+    """Normalised join keys of one span, strongest first, without duplicates."""
+    keys: list[str] = []
+    attrs = span.attributes if isinstance(span.attributes, dict) else {}
+    for attr in table.KEY_ATTRIBUTES:
+        raw = attrs.get(attr)
+        values = raw if isinstance(raw, list) else [raw]
+        for value in values:
+            key = normalize_request_id(value)
+            if key and key not in keys:
+                keys.append(key)
+    return keys
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None
+
+
+def engine_leg_hint(span: Span) -> tuple[str | None, str]:
+    """Which leg a vLLM `llm_request` served, from the span alone, and the evidence used.
+
+    Order: railtrace's engine shim `llm_d.role`; the llm-d guide's service names
+    `vllm-prefill`/`vllm-decode`; the sidecar's prefill request shape (`max_tokens=1`, one
+    completion token). Assembly overrides this with the parent chain when it has one.
+    """
+    attrs = span.attributes if isinstance(span.attributes, dict) else {}
+    role = attrs.get(semconv.LLM_D_ROLE)
+    if role in (Role.PREFILL.value, Role.DECODE.value):
+        return str(role), semconv.LLM_D_ROLE
+    service = span.service_name.lower() if isinstance(span.service_name, str) else ""
+    if table.VLLM_PREFILL_SERVICE_HINT in service:
+        return Role.PREFILL.value, "service.name"
+    if table.VLLM_DECODE_SERVICE_HINT in service:
+        return Role.DECODE.value, "service.name"
+    out = _int(attrs.get(semconv.VLLM_COMPLETION_TOKENS))
+    if out is None:
+        out = _int(attrs.get(semconv.GEN_AI_OUTPUT_TOKENS))
+    max_tokens = _int(attrs.get(semconv.GEN_AI_MAX_TOKENS))
+    if max_tokens == 1 and out in (1, None):
+        return Role.PREFILL.value, "gen_ai.request.max_tokens=1"
+    if out is not None and out > 1:
+        return Role.DECODE.value, "gen_ai.usage.completion_tokens>1"
+    return None, ""
+
+
+def _is_sidecar(span: Span) -> bool:
+    scope = span.scope_name or ""
+    return (
+        span.service_name in table.SIDECAR_SERVICES
+        or scope == table.SIDECAR_SCOPE
+        or scope.startswith(table.OTELHTTP_SCOPE_PREFIX)
+    )
+
+
+def _generation(span: Span, rule: Rule) -> str:
+    scope = span.scope_name or ""
+    attrs = span.attributes
+    if scope.startswith(table.RAILTRACE_SCOPE_PREFIX) or any(k.startswith("llm_d.router.") for k in attrs):
+        return table.RAILTRACE
+    if rule.component in ("epp", "kv_indexer"):
+        if scope.startswith(table.GIE_SCOPE_PREFIX):
+            return table.EPP_SERVICES.get(span.service_name) or table.GIE
+        hinted = table.EPP_SERVICES.get(span.service_name)
+        if hinted:
+            return hinted
+    if rule.component == "sidecar" and rule.pattern in ("llm_d.pd_proxy.prefill", "llm_d.pd_proxy.decode"):
+        connector = attrs.get(semconv.PD_CONNECTOR)
+        parallel = any(k in attrs for k in table.PARALLEL_DISPATCH_ATTRS)
+        if connector in table.PREFIXED_STAGE_CONNECTORS or parallel:
+            return table.CURRENT
+        return table.V0_8
+    return rule.generation
+
+
+def normalize_span(span: Span) -> Span:
+    """Fill `role`, `canonical_name`, `generation` and `request_key` in place; never raises.
+
+    Unknown names keep their name as canonical name, role `other`, generation "".
+    """
+    try:
+        if not isinstance(span.attributes, dict):
+            span.attributes = {}
+        name = span.name if isinstance(span.name, str) else str(span.name)
+        rule = lookup(name)
+        if rule is None:
+            span.canonical_name = name
+            if name in table.HTTP_CLIENT_NAMES and _is_sidecar(span):
+                span.role = Role.PROXY.value
+                span.generation = table.CURRENT
+            else:
+                span.role = Role.OTHER.value
+                span.generation = table.UNKNOWN
+        else:
+            span.canonical_name = rule.canonical or name
+            span.role = rule.role.value
+            span.generation = _generation(span, rule)
+            if name == semconv.SPAN_VLLM_REQUEST:
+                leg, _ = engine_leg_hint(span)
+                span.role = leg or Role.DECODE.value
+        keys = span_request_keys(span)
+        span.request_key = keys[0] if keys else None
+    except Exception:  # odd input must never stop ingest
+        span.role = Role.OTHER.value
+        span.canonical_name = span.name if isinstance(span.name, str) else ""
+        span.generation = table.UNKNOWN
+        span.request_key = None
+    return span

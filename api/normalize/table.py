@@ -1,0 +1,194 @@
+"""The one normalisation table: every span name llm-d, vLLM and railtrace have emitted.
+
+llm-d renamed its spans twice in 2026 (router v0.9.0, then the KV-indexer renames after
+v0.10.0), the legacy gateway-api-inference-extension EPP used yet other scopes and service
+names, and the P/D sidecar's span shapes differ by connector. Ingest must read all of them,
+so each name maps here to the current llm-d name (`canonical`), the part it plays in a P/D
+request (`role`) and the generation that emits it. Nothing else in railtrace may hold a
+copy of these names; docs/normalisation.md documents this table and a test keeps the two
+in step.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from railtrace_tracing import semconv
+from railtrace_tracing.semconv import Role
+
+# Generation labels (docs/interfaces.md).
+CURRENT = "current"
+V0_10 = "v0.10"
+V0_9 = "v0.9"
+V0_8 = "v0.8"
+GIE = "gie"
+VLLM = "vllm"
+RAILTRACE = "railtrace"
+UNKNOWN = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One row of the table. `pattern` is an exact span name unless `regex` is set."""
+
+    pattern: str
+    canonical: str | None  # None keeps the received name (e.g. `llm_d.epp.scorer.<type>`)
+    role: Role
+    generation: str
+    component: str  # epp | kv_indexer | sidecar | vllm | railtrace
+    note: str = ""
+    regex: bool = False
+
+
+# `generation` is the newest generation whose names the span matches: a name llm-d still
+# emits is `current` (even if v0.9 introduced it); a renamed one carries the last generation
+# that used it. Service and scope hints below move a span to `v0.8` or `gie`.
+RULES: tuple[Rule, ...] = (
+    # -- EPP / router, current (HEAD) and v0.9/v0.10 --------------------------------------
+    Rule("gateway.request", None, Role.GATEWAY, CURRENT, "epp", "EPP server span; GIE and <= v0.8 too"),
+    Rule("gateway.request_orchestration", None, Role.SCHEDULING, CURRENT, "epp", "director"),
+    Rule("run_scheduler_profile", None, Role.SCHEDULING, CURRENT, "epp", "one profile (prefill/decode)"),
+    Rule("filter_endpoints", None, Role.SCHEDULING, CURRENT, "epp"),
+    Rule("llm_d.epp.scoring", None, Role.SCHEDULING, CURRENT, "epp", "scoring subtree, PR #1834"),
+    Rule("pick_endpoints", None, Role.SCHEDULING, CURRENT, "epp", "picker; router shim adds candidates"),
+    Rule("pick_disagg_profile", None, Role.SCHEDULING, CURRENT, "epp", "P/D decision"),
+    Rule("pick_pd_profile", None, Role.SCHEDULING, CURRENT, "epp", "deprecated pd-profile-handler"),
+    Rule("prepare_disaggregation", None, Role.SCHEDULING, CURRENT, "epp", "carries prefill pod address"),
+    Rule("score_prefix_cache", None, Role.SCHEDULING, CURRENT, "epp", "prefix scorer"),
+    Rule("produce_precise_prefix_cache", None, Role.SCHEDULING, CURRENT, "epp"),
+    # -- EPP / router, <= v0.8.0 -----------------------------------------------------------
+    Rule("llm_d.epp.pd.profile_handler.pick", "pick_pd_profile", Role.SCHEDULING, V0_8, "epp"),
+    Rule("llm_d.epp.disagg.profile_handler.pick", "pick_disagg_profile", Role.SCHEDULING, V0_8, "epp"),
+    Rule("llm_d.epp.prerequest.disaggregation", "prepare_disaggregation", Role.SCHEDULING, V0_8, "epp"),
+    Rule("llm_d.epp.prerequest.pd_disaggregation", "prepare_disaggregation", Role.SCHEDULING, V0_8, "epp"),
+    Rule(
+        "llm_d.epp.prerequest.encode_disaggregation",
+        "prepare_disaggregation",
+        Role.SCHEDULING,
+        V0_8,
+        "epp",
+        "encoder disaggregation",
+    ),
+    Rule("llm_d.epp.scorer.prefix_cache", "score_prefix_cache", Role.SCHEDULING, V0_8, "epp"),
+    # -- KV-cache indexer (inside the EPP process) -----------------------------------------
+    Rule("score_tokens", None, Role.KV_CACHE, CURRENT, "kv_indexer"),
+    Rule("index_lookup", None, Role.KV_CACHE, CURRENT, "kv_indexer"),
+    Rule("index_add", None, Role.KV_CACHE, CURRENT, "kv_indexer"),
+    Rule("index_evict", None, Role.KV_CACHE, CURRENT, "kv_indexer", "own single-span trace, never a request"),
+    Rule("compute_scores", None, Role.KV_CACHE, CURRENT, "kv_indexer"),
+    Rule("llm_d.kv_cache.score_tokens", "score_tokens", Role.KV_CACHE, V0_10, "kv_indexer"),
+    Rule("llm_d.kv_cache.get_scores", "score_tokens", Role.KV_CACHE, V0_9, "kv_indexer", "original name"),
+    Rule("llm_d.kv_cache.index", "index_lookup", Role.KV_CACHE, V0_10, "kv_indexer", "also <= v0.9"),
+    Rule("llm_d.kv_cache.index.add", "index_add", Role.KV_CACHE, V0_10, "kv_indexer"),
+    Rule("llm_d.kv_cache.index.evict", "index_evict", Role.KV_CACHE, V0_10, "kv_indexer"),
+    Rule(
+        "llm_d.kv_cache.scorer.compute", "compute_scores", Role.KV_CACHE, V0_10, "kv_indexer", "also <= v0.9"
+    ),
+    # -- P/D sidecar -------------------------------------------------------------------------
+    Rule("forward_request", None, Role.PROXY, CURRENT, "sidecar", "sidecar root since v0.9"),
+    Rule("llm_d.pd_proxy.request", "forward_request", Role.PROXY, V0_8, "sidecar", "sidecar root <= v0.8"),
+    Rule("prefill", None, Role.PREFILL, CURRENT, "sidecar", "nixlv2 serial path and sglang"),
+    Rule("decode", None, Role.DECODE, CURRENT, "sidecar", "nixlv2: child of `prefill`; sglang"),
+    Rule(
+        "llm_d.pd_proxy.prefill",
+        "prefill",
+        Role.PREFILL,
+        CURRENT,
+        "sidecar",
+        "p2p, mooncake, nixlv2 parallel dispatch; nixlv2 <= v0.8",
+    ),
+    Rule(
+        "llm_d.pd_proxy.decode",
+        "decode",
+        Role.DECODE,
+        CURRENT,
+        "sidecar",
+        "p2p, mooncake, nixlv2 parallel dispatch; nixlv2 <= v0.8",
+    ),
+    Rule("chunked_decode", None, Role.DECODE, CURRENT, "sidecar", "chunked decode under the decode leg"),
+    # -- vLLM --------------------------------------------------------------------------------
+    Rule(semconv.SPAN_VLLM_REQUEST, None, Role.DECODE, VLLM, "vllm", "leg decided per span, see below"),
+    # -- railtrace shims ----------------------------------------------------------------------
+    Rule(semconv.SPAN_KV_TRANSFER, None, Role.KV_TRANSFER, RAILTRACE, "railtrace", "KV-transfer shim"),
+    # -- Patterns ------------------------------------------------------------------------------
+    Rule(
+        r"llm_d\.epp\.scorer\.[A-Za-z0-9]+(?:-[A-Za-z0-9]+)+",
+        None,
+        Role.SCHEDULING,
+        CURRENT,
+        "epp",
+        "`llm_d.epp.scorer.<type>`, e.g. active-request-scorer",
+        regex=True,
+    ),
+    Rule(
+        r"llm_d\.pd_proxy\.(?:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS) /.*",
+        None,
+        Role.PROXY,
+        CURRENT,
+        "sidecar",
+        "otelhttp server span `llm_d.pd_proxy.<METHOD> <path>`",
+        regex=True,
+    ),
+    Rule(r"tokenize_render .*", None, Role.SCHEDULING, CURRENT, "epp", "EPP calls vLLM render", regex=True),
+)
+
+EXACT: dict[str, Rule] = {r.pattern: r for r in RULES if not r.regex}
+PATTERNS: tuple[tuple[re.Pattern[str], Rule], ...] = tuple(
+    (re.compile(r.pattern), r) for r in RULES if r.regex
+)
+
+# `service.name` values by role and generation (reference §2.1). A llm-d span from a
+# service named here is moved to that generation when its name alone cannot tell.
+EPP_SERVICES: dict[str, str] = {
+    "llm-d-router/epp": UNKNOWN,
+    "llm-d-epp": UNKNOWN,
+    "llm-d-router": UNKNOWN,
+    "llm-d-inference-scheduler": V0_8,
+    "gateway-api-inference-extension/epp": GIE,
+}
+SIDECAR_SERVICES: frozenset[str] = frozenset({"llm-d-disagg-sidecar", "pd-sidecar", "routing-proxy"})
+SIDECAR_SCOPE = "llm-d-router/pkg/sidecar/proxy"
+OTELHTTP_SCOPE_PREFIX = "go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+GIE_SCOPE_PREFIX = "gateway-api-inference-extension"
+RAILTRACE_SCOPE_PREFIX = "railtrace"
+
+# Outbound client spans of the sidecar (one per leg); their leg comes from the parent.
+HTTP_CLIENT_NAMES: frozenset[str] = frozenset({"HTTP POST", "POST"})
+
+# vLLM service names by the llm-d guide convention (OTEL_SERVICE_NAME).
+VLLM_PREFILL_SERVICE_HINT = "prefill"
+VLLM_DECODE_SERVICE_HINT = "decode"
+
+# Connectors whose stage spans are named `llm_d.pd_proxy.prefill|decode` at HEAD.
+PREFIXED_STAGE_CONNECTORS: frozenset[str] = frozenset({"p2p", "mooncake"})
+PARALLEL_DISPATCH_ATTRS: tuple[str, ...] = (
+    "llm_d.pd_proxy.parallel_dispatch",
+    "llm_d.pd_proxy.parallel_window_ms",
+    "llm_d.pd_proxy.concurrent_pd",
+)
+
+# Join keys, strongest first (docs/normalisation.md, "Stitching").
+KEY_ATTRIBUTES: tuple[str, ...] = (
+    semconv.PD_REQUEST_ID,
+    semconv.KV_REQUEST_ID,
+    semconv.HTTP_REQUEST_ID_HEADER,
+    semconv.GEN_AI_REQUEST_ID,
+)
+# vLLM prefixes the OpenAI id: `chatcmpl-<id>` (chat), `cmpl-<id>-<n>` (completions, one
+# per prompt). Only the completions form carries the `-<n>` suffix.
+REQUEST_ID_PREFIXES: tuple[str, ...] = ("chatcmpl-", "cmpl-")
+REQUEST_ID_SUFFIXED_PREFIXES: tuple[str, ...] = ("cmpl-",)
+REQUEST_ID_INDEX_SUFFIX = re.compile(r"-\d{1,3}$")
+MIN_KEY_CHARS = 4
+
+
+def lookup(name: str) -> Rule | None:
+    """The rule for a span name, or None for a name no generation emits."""
+    rule = EXACT.get(name)
+    if rule is not None:
+        return rule
+    for pattern, candidate in PATTERNS:
+        if pattern.fullmatch(name):
+            return candidate
+    return None
