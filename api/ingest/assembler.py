@@ -50,10 +50,7 @@ def default_pipeline(settings: Settings, topology: Callable[[], Any]) -> Pipelin
 def verdict_config(settings: Settings) -> Any:
     from railtrace.verdicts import VerdictConfig
 
-    try:
-        return VerdictConfig(score_tolerance=settings.score_tolerance, slow_fraction=settings.slow_fraction)
-    except TypeError:
-        return VerdictConfig()
+    return VerdictConfig.from_settings(settings)
 
 
 class Assembler:
@@ -152,15 +149,15 @@ class Assembler:
         try:
             facts = self.pipeline.assemble(spans, now_ns=now)
             summaries = [self.pipeline.judge(f) for f in facts]
+            old = self.store.previous_summaries(group)
+            superseded = set(old) - {s.trace_id for s in summaries}
+            self.store.save_assembly(summaries, group, superseded, now)
         except Exception:
-            # Never spin on one trace: leave it without a summary and say so.
+            # Never spin on one trace: leave it without a summary, say so, and move on.
             log.exception("assembly failed for trace %s (%d spans)", trace_id, len(spans))
             self.store.save_assembly([], group, (), now)
+            self.metrics[semconv.M_SPANS_REJECTED].labels("assembly_failed").inc(len(spans))
             return set(group)
-        old = self.store.previous_summaries(group)
-        new_primaries = {s.trace_id for s in summaries}
-        superseded = set(old) - new_primaries
-        self.store.save_assembly(summaries, group, superseded, now)
         late = sum(st.late_spans for st in states.values())
         if late:
             self.metrics[semconv.M_LATE_SPANS].inc(late)

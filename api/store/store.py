@@ -36,6 +36,7 @@ class DirtyTrace:
     last_arrival_ns: int
     late_spans: int
     assembled: bool
+    dirty: bool = True
 
 
 class Store:
@@ -149,20 +150,18 @@ class Store:
         with self.engine.connect() as conn:
             return int(conn.execute(select(func.count()).where(traces.c.dirty.is_(True))).scalar_one())
 
-    def trace_states(self, trace_ids: Iterable[str]) -> dict[str, DirtyTrace | None]:
-        ids = list(trace_ids)
-        out: dict[str, DirtyTrace | None] = {}
+    def trace_states(self, trace_ids: Iterable[str]) -> dict[str, DirtyTrace]:
+        """Arrival state of these traces (unknown ids are absent)."""
+        ids = sorted(set(trace_ids))
+        out: dict[str, DirtyTrace] = {}
+        t = traces.c
         with self.engine.connect() as conn:
             for chunk in _chunks(ids, 500):
-                q = select(
-                    traces.c.trace_id,
-                    traces.c.last_arrival_ns,
-                    traces.c.late_spans,
-                    traces.c.assembled_ns,
-                    traces.c.dirty,
-                ).where(traces.c.trace_id.in_(chunk))
+                q = select(t.trace_id, t.last_arrival_ns, t.late_spans, t.assembled_ns, t.dirty).where(
+                    t.trace_id.in_(chunk)
+                )
                 for r in conn.execute(q):
-                    out[r[0]] = DirtyTrace(r[0], r[1], r[2], r[3] is not None) if r[4] else None
+                    out[r[0]] = DirtyTrace(r[0], r[1], r[2], r[3] is not None, bool(r[4]))
         return out
 
     def traces_for_keys(self, keys: Iterable[str]) -> set[str]:
@@ -455,6 +454,6 @@ def _request_row(s: RequestSummary, now_ns: int) -> dict[str, Any]:
         "decode_node": s.decode.get("node"),
         "pairing_level": s.pairing_level,
         "flag_names": ",".join(sorted({f.name for f in s.flags})),
-        "summary": orjson.dumps(s.to_dict()),
+        "summary": orjson.dumps(s.to_dict(), option=orjson.OPT_NON_STR_KEYS),
         "updated_ns": now_ns,
     }
