@@ -538,19 +538,29 @@ def _flags(r: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def _nic_ok_for_leg(topology: Topology, leg: Mapping[str, Any]) -> bool | None:
-    """Whether the leg's NIC is its GPU's own per the topology; None when it cannot be told."""
-    node, gpu_ref, nic_ref = leg.get("node"), leg.get("gpu"), leg.get("nic")
-    if not (node and gpu_ref and nic_ref):
+def _nic_ok_for_leg(
+    topology: Topology, leg: Mapping[str, Any], lanes: list[str], runs_transfer: bool
+) -> bool | None:
+    """Whether the NICs this leg used are its GPU's own per the topology; None when it cannot be told.
+
+    The summary's `devices` are the lanes of the side that ran the transfer; with vLLM's
+    default pull (NIXL READ) that is the decode side, so they are judged on the decode leg
+    only; the prefill leg is judged on its own `nic`.
+    """
+    node, gpu_ref = leg.get("node"), leg.get("gpu")
+    if not (node and gpu_ref):
         return None
     gpu = topology.find_gpu(node, gpu_ref)
-    nic = topology.find_nic(node, nic_ref)
-    if gpu is None or nic is None:
+    if gpu is None:
+        return None
+    refs = [leg.get("nic")] + (lanes if runs_transfer else [])
+    nics = [n for n in (topology.find_nic(node, ref) for ref in refs if ref) if n is not None]
+    if not nics:
         return None
     own, method, _ = _acceptable_nics(topology, gpu.node, gpu)
     if method is None:
         return None
-    return nic.name in own
+    return all(n.name in own for n in nics)
 
 
 def _verified(
@@ -575,7 +585,7 @@ def _verified(
         flags = _flags(r)
         transport = str(kv.get("transport") or Transport.UNKNOWN.value)
         path_class = str(kv.get("path_class") or "unknown")
-        legs = [leg for leg in (_leg(r, "prefill"), _leg(r, "decode")) if leg.get("pod") == info.name]
+        legs = [(name, _leg(r, name)) for name in ROLES if _leg(r, name).get("pod") == info.name]
         if transport == Transport.TCP.value or path_class == "tcp" or FlagName.TCP_FALLBACK.value in flags:
             counts["tcp"] += 1
             why = flags.get(FlagName.TCP_FALLBACK.value) or kv.get("evidence") or "transport tcp"
@@ -585,7 +595,8 @@ def _verified(
             continue
         nic_flags = [f for f in (FlagName.GPU_NIC_MISMATCH.value, FlagName.CROSS_RAIL.value) if f in flags]
         if nic_flags:
-            verdicts = [_nic_ok_for_leg(topology, leg) for leg in legs]
+            lanes = [str(d) for d in kv.get("devices") or ()]
+            verdicts = [_nic_ok_for_leg(topology, leg, lanes, name == "decode") for name, leg in legs]
             if not any(v is True for v in verdicts) or any(v is False for v in verdicts):
                 counts["wrong_nic"] += 1
                 offenders.append(
@@ -599,7 +610,7 @@ def _verified(
                 continue
         if transport == Transport.RDMA.value:
             counts["rdma"] += 1
-            if kv.get("devices") or any(leg.get("nic") for leg in legs):
+            if kv.get("devices") or any(leg.get("nic") for _, leg in legs):
                 counts["rdma_with_nic"] += 1
         elif transport in (Transport.NVLINK.value, Transport.SHM.value):
             counts["local"] += 1  # never left the host: says nothing about the NIC
