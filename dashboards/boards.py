@@ -686,7 +686,7 @@ def contract() -> Dashboard:
                 height=6,
                 links=[
                     DashboardLink("railtrace: contract with evidence")
-                    .url(f"{RAILTRACE}/api/v1/contract?status={ContractStatus.BROKEN}")
+                    .url(f"{RAILTRACE}/api/v1/contract")
                     .target_blank(True)
                 ],
             )
