@@ -69,7 +69,8 @@ def pd_spans(n: int, start_ns: int = T0) -> list[tuple[str, dict[str, Any]]]:
     s = lambda i: span_id(n, i)  # noqa: E731
     return [
         ("epp", dict(i=0, parent=None, name="gateway.request", start=0, end=3146 * ms,
-                     attrs={"gen_ai.request.model": "llama-3-70b", "x-request-id": rid})),
+                     attrs={"gen_ai.request.model": "llama-3-70b",
+                            "http.request.header.x-request-id": [rid]})),
         ("epp", dict(i=1, parent=s(0), name="run_scheduler_profile", start=1 * ms, end=2 * ms,
                      attrs={"llm_d.epp.scheduling.profile.name": "decode"})),
         ("epp", dict(i=2, parent=s(1), name="pick_endpoints", start=1 * ms, end=2 * ms,
@@ -93,10 +94,20 @@ def pd_spans(n: int, start_ns: int = T0) -> list[tuple[str, dict[str, Any]]]:
 
 
 def export_request(
-    traces: list[int], *, start_ns: int = T0, skip: set[tuple[int, int]] = frozenset(), invalid: int = 0
+    traces: list[int],
+    *,
+    start_ns: int = T0,
+    skip: set[tuple[int, int]] = frozenset(),
+    only: set[int] | None = None,
+    split: bool = False,
+    invalid: int = 0,
 ) -> ExportTraceServiceRequest:
-    """An export call carrying the P/D spans of the given trace numbers (minus `skip`),
-    plus `invalid` spans with an all-zero trace id."""
+    """An export call carrying the P/D spans of the given trace numbers (minus `skip`, or
+    just the span indexes in `only`), plus `invalid` spans with an all-zero trace id.
+
+    `split` imitates older llm-d that broke the context at the sidecar: the sidecar and
+    engine spans arrive in a trace of their own (`trace_id(n + 500)`), joined only by the
+    request id."""
     req = ExportTraceServiceRequest()
     by_process: dict[str, Any] = {}
     for proc, (service, pod, node) in PROCESSES.items():
@@ -110,15 +121,16 @@ def export_request(
         by_process[proc] = ss
     for n in traces:
         for proc, sp in pd_spans(n):
-            if (n, sp["i"]) in skip:
+            if (n, sp["i"]) in skip or (only is not None and sp["i"] not in only):
                 continue
             pb = by_process[proc].spans.add()
-            pb.trace_id = bytes.fromhex(trace_id(n))
+            second_half = split and sp["i"] >= 3
+            pb.trace_id = bytes.fromhex(trace_id(n + 500 if second_half else n))
             pb.span_id = bytes.fromhex(span_id(n, sp["i"]))
-            if sp["parent"]:
+            if sp["parent"] and not (split and sp["i"] == 3):
                 pb.parent_span_id = bytes.fromhex(sp["parent"])
             pb.name = sp["name"]
-            pb.kind = PbSpan.SPAN_KIND_SERVER if sp["parent"] is None else PbSpan.SPAN_KIND_INTERNAL
+            pb.kind = PbSpan.SPAN_KIND_SERVER if not pb.parent_span_id else PbSpan.SPAN_KIND_INTERNAL
             pb.start_time_unix_nano = start_ns + n * 10**9 + sp["start"]
             pb.end_time_unix_nano = start_ns + n * 10**9 + sp["end"]
             pb.attributes.extend(kv(k, v) for k, v in sp["attrs"].items())

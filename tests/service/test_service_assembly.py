@@ -1,0 +1,155 @@
+"""Assembly inside the running service, with the real normalisation, assembly and verdicts.
+
+The quiet period is set to an hour and the test drives `run_once` with a clock past it, so
+nothing depends on timing: what is asserted is which requests exist and what they say.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from service_helpers import export_request, settings_for, trace_id
+from sqlalchemy import func, select
+
+from railtrace.server.runner import Service
+from railtrace.store.schema import requests as requests_table
+from railtrace.store.schema import spans as spans_table
+from railtrace.store.schema import traces as traces_table
+
+HOUR_NS = 3600 * 10**9
+SUMMARY_KEYS = {
+    "trace_id", "request_id", "model", "start", "ttft_s", "e2e_s", "breakdown_s", "prefill", "decode",
+    "kv_transfer", "flags",
+}
+
+
+def later() -> int:
+    return time.time_ns() + 2 * HOUR_NS
+
+
+def post(svc: Service, req) -> None:
+    r = httpx.post(
+        svc.http_url + "/v1/traces", content=req.SerializeToString(),
+        headers={"content-type": "application/x-protobuf"}, timeout=60,
+    )
+    assert r.status_code == 200, r.text
+
+
+def get_request(svc: Service, ident: str) -> dict | None:
+    r = httpx.get(f"{svc.http_url}/api/v1/requests/{ident}")
+    return r.json() if r.status_code == 200 else None
+
+
+def metric_sum(svc: Service, name: str) -> float:
+    total = 0.0
+    for line in httpx.get(svc.http_url + "/metrics").text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            head = line.split(" ", 1)[0]
+            if head == name or head.startswith(name + "{"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@pytest.fixture
+def service(db_url: str):
+    with Service(settings_for(db_url, quiet_period_s=3600)) as svc:
+        assert svc.runtime.assembler is not None, svc.runtime.assembly_error
+        yield svc
+
+
+def test_quiet_period_then_summary_with_legs_and_timing(service: Service) -> None:
+    post(service, export_request([1, 2]))
+    assert service.runtime.assembler.run_once(now_ns=time.time_ns()) == 0  # still within quiet period
+    assert get_request(service, trace_id(1)) is None
+    service.runtime.assembler.run_once(now_ns=later())
+    summary = get_request(service, trace_id(1))
+    assert summary is not None and summary.keys() >= SUMMARY_KEYS
+    assert summary["trace_id"] == trace_id(1)
+    assert summary["model"] == "llama-3-70b"
+    assert summary["prefill"]["pod"] == "prefill-0" and summary["prefill"]["node"] == "node-a"
+    assert summary["decode"]["pod"] == "decode-0" and summary["decode"]["node"] == "node-b"
+    assert summary["e2e_s"] == pytest.approx(3.146)
+    assert summary["ttft_s"] is not None and summary["ttft_s"] > 0
+    assert all(v >= 0 for v in summary["breakdown_s"].values())
+    assert summary["kv_transfer"] is None  # no KV span was sent: nothing invented
+    assert summary["span_count"] == 8
+    # by request id too
+    assert get_request(service, summary["request_id"])["trace_id"] == trace_id(1)
+    trace = httpx.get(f"{service.http_url}/api/v1/traces/{trace_id(1)}").json()
+    assert trace["summary"] == summary and len(trace["spans"]) == 8
+    assert metric_sum(service, "llm_d_tracing_requests_total") == 2
+
+
+def test_late_span_reopens_without_double_counting(service: Service) -> None:
+    post(service, export_request([1], skip={(1, 7)}))  # decode engine span not yet sent
+    service.runtime.assembler.run_once(now_ns=later())
+    first = get_request(service, trace_id(1))
+    assert first["span_count"] == 7
+    post(service, export_request([1], only={7}))
+    post(service, export_request([1], only={7}))  # and its exporter retry
+    with service.runtime.engine.connect() as conn:
+        t = traces_table.c
+        dirty, late = conn.execute(select(t.dirty, t.late_spans).where(t.trace_id == trace_id(1))).one()
+    assert dirty and late == 1
+    service.runtime.assembler.run_once(now_ns=later())
+    second = get_request(service, trace_id(1))
+    assert second["span_count"] == 8
+    assert metric_sum(service, "llm_d_tracing_requests_total") == 1
+    assert metric_sum(service, "llm_d_tracing_late_spans_total") == 1
+    assert metric_sum(service, "llm_d_tracing_duplicate_spans_total") == 1
+    assert metric_sum(service, "llm_d_tracing_ttft_seconds_count") <= 1
+
+
+def test_hops_in_separate_traces_are_stitched_and_flagged(service: Service) -> None:
+    post(service, export_request([1], split=True))
+    service.runtime.assembler.run_once(now_ns=later())
+    a = get_request(service, trace_id(1))
+    b = get_request(service, trace_id(501))
+    assert a is not None and a == b
+    assert sorted(a["trace_ids"]) == sorted([trace_id(1), trace_id(501)])
+    assert "broken_trace" in {f["name"] for f in a["flags"]}
+    with service.runtime.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(requests_table)).scalar_one() == 1
+    listed = httpx.get(f"{service.http_url}/api/v1/requests", params={"flag": "broken_trace"}).json()
+    assert [r["trace_id"] for r in listed["items"]] == [a["trace_id"]]
+    assert metric_sum(service, "llm_d_tracing_stitched_requests_total") == 1
+
+
+def test_second_hop_arriving_later_replaces_the_lone_request(service: Service) -> None:
+    post(service, export_request([1], split=True, only={0, 1, 2}))  # gateway trace alone
+    service.runtime.assembler.run_once(now_ns=later())
+    assert get_request(service, trace_id(1)) is not None
+    post(service, export_request([1], split=True, only={3, 4, 5, 6, 7}))  # sidecar trace
+    service.runtime.assembler.run_once(now_ns=later())
+    with service.runtime.engine.connect() as conn:
+        rows = conn.execute(select(requests_table.c.trace_id)).scalars().all()
+    assert len(rows) == 1
+    summary = get_request(service, trace_id(501))
+    assert sorted(summary["trace_ids"]) == sorted([trace_id(1), trace_id(501)])
+    assert metric_sum(service, "llm_d_tracing_requests_total") == 1
+
+
+def test_restart_completes_traces_that_were_waiting(db_url: str) -> None:
+    settings = settings_for(db_url, quiet_period_s=3600)
+    with Service(settings) as svc:
+        post(svc, export_request([1, 2, 3]))
+    # Crash-equivalent for assembly: nothing was assembled before the stop.
+    with Service(settings) as svc:
+        assert get_request(svc, trace_id(2)) is None
+        assert svc.runtime.store.count_dirty() == 3
+        svc.runtime.assembler.run_once(now_ns=later())
+        assert all(get_request(svc, trace_id(n)) for n in (1, 2, 3))
+        assert svc.runtime.store.count_dirty() == 0
+
+
+def test_retention_deletes_old_traces_in_batches(db_url: str) -> None:
+    with Service(settings_for(db_url, quiet_period_s=3600, retention_hours=1.0)) as svc:
+        post(svc, export_request(list(range(1, 8))))
+        svc.runtime.assembler.run_once(now_ns=later())
+        assert svc.runtime.assembler.apply_retention(now_ns=time.time_ns()) == 0
+        assert svc.runtime.assembler.apply_retention(now_ns=later()) == 7
+        with svc.runtime.engine.connect() as conn:
+            for table in (spans_table, traces_table, requests_table):
+                assert conn.execute(select(func.count()).select_from(table)).scalar_one() == 0
