@@ -1,0 +1,167 @@
+"""Scenario traces -> RequestFacts, compared with their hand-written expected facts.
+
+The traces go through the real OTLP decoder (JSON and protobuf), so these tests cover the
+path the receivers take, not a hand-built Span list.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from typing import Any
+
+import pytest
+
+from railtrace.assembly import assemble, request_keys
+from railtrace.model import RequestFacts
+from railtrace.otlp.decode import decode
+from tests.fixtures.otlp_fixtures import (
+    load_expected,
+    load_spans,
+    protobuf_body,
+    scenario_names,
+    split_protobuf_bodies,
+)
+
+SCENARIOS = scenario_names()
+
+
+def _approx(actual: float | None, expected: float | None, what: str) -> None:
+    if expected is None:
+        assert actual is None, f"{what}: expected None, got {actual}"
+    else:
+        assert actual == pytest.approx(expected, abs=1e-6), f"{what}: {actual} != {expected}"
+
+
+def check_facts(facts: RequestFacts, exp: dict[str, Any]) -> None:
+    assert facts.trace_id == exp["trace_id"]
+    assert facts.trace_ids == exp["trace_ids"]
+    assert facts.request_id == exp["request_id"]
+    assert facts.model == exp["model"]
+    _approx(facts.ttft_s, exp["ttft_s"], "ttft_s")
+    _approx(facts.e2e_s, exp["e2e_s"], "e2e_s")
+    assert sorted(facts.breakdown_s) == sorted(exp["breakdown_s"]), facts.timing_sources
+    for stage, value in exp["breakdown_s"].items():
+        _approx(facts.breakdown_s[stage], value, f"breakdown_s[{stage}] ({facts.timing_sources.get(stage)})")
+    for leg in ("prefill", "decode"):
+        endpoint = getattr(facts, leg)
+        for key, value in exp[leg].items():
+            assert getattr(endpoint, key) == value, f"{leg}.{key}: {getattr(endpoint, key)!r} != {value!r}"
+    if exp["kv"] is None:
+        assert facts.kv is None
+    else:
+        assert facts.kv is not None
+        for key, value in exp["kv"].items():
+            if key == "duration_s":
+                _approx(facts.kv.duration_s, value, "kv.duration_s")
+            else:
+                assert getattr(facts.kv, key) == value, f"kv.{key}"
+    assert [[p.profile, p.chosen, len(p.candidates), p.source] for p in facts.picks] == exp["picks"]
+    assert [f.name for f in facts.flags] == exp["flags"]
+    evidence = " ".join(f.evidence for f in facts.flags)
+    for fragment in exp["flag_evidence_contains"]:
+        assert fragment in evidence, f"{fragment!r} not in {evidence!r}"
+    for flag in facts.flags:
+        assert flag.span_id, "a flag names the span it is about"
+    assert facts.span_count == exp["span_count"]
+    assert facts.complete is exp["complete"]
+    for key, fragment in exp["timing_sources_contain"].items():
+        assert fragment in facts.timing_sources.get(key, ""), (key, facts.timing_sources)
+
+
+def check_all(facts: list[RequestFacts], expected: list[dict[str, Any]]) -> None:
+    assert len(facts) == len(expected), [f.trace_id for f in facts]
+    for got, exp in zip(facts, expected, strict=True):
+        check_facts(got, exp)
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_scenario_matches_expected_facts(name: str) -> None:
+    expected = load_expected(name)
+    spans = load_spans(name)
+    late = set(expected.get("late_span_ids", []))
+    check_all(assemble(spans), expected["requests"])
+    if late:
+        early = [s for s in load_spans(name) if s.span_id not in late]
+        check_all(assemble(early), expected["before_late"])
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_arrival_order_and_export_batching_change_nothing(name: str) -> None:
+    expected = load_expected(name)["requests"]
+    spans = load_spans(name)
+    for seed in range(3):
+        shuffled = copy.deepcopy(spans)
+        random.Random(seed).shuffle(shuffled)
+        check_all(assemble(shuffled), expected)
+    # Every process exporting on its own, in protobuf.
+    batched = [
+        s for body in split_protobuf_bodies(name) for s in decode(body, "application/x-protobuf").spans
+    ]
+    check_all(assemble(batched), expected)
+
+
+def test_protobuf_and_json_give_the_same_facts() -> None:
+    name = "pd-rdma-happy-path"
+    from_proto = decode(protobuf_body(name), "application/x-protobuf").spans
+    assert assemble(from_proto) == assemble(load_spans(name))
+
+
+def test_capture_ttft_is_client_side_not_the_decode_engine_alone() -> None:
+    """0.343 s is vLLM's decode-side TTFT; the client waited the prefill leg (sidecar
+    true_ttft_ms=50) and the gateway hop too."""
+    (facts,) = assemble(load_spans("pd-capture-current"))
+    assert facts.ttft_s == pytest.approx(0.002 + 0.050 + 0.343)
+    sources = facts.timing_sources["ttft"]
+    assert "llm_d.pd_proxy.true_ttft_ms" in sources
+    assert "gen_ai.latency.time_to_first_token" in sources
+    assert facts.timing_sources["prefill_leg"].startswith("parent chain: prefill@")
+    assert facts.timing_sources["decode_leg"].startswith("parent chain: decode@")
+
+
+def test_kv_transfer_is_taken_out_of_decode_queue_not_double_counted() -> None:
+    (with_kv,) = assemble(load_spans("pd-rdma-happy-path"))
+    (without_kv,) = assemble(load_spans("missing-kv-span"))
+    assert with_kv.breakdown_s["kv_transfer"] + with_kv.breakdown_s["decode_queue"] == pytest.approx(
+        without_kv.breakdown_s["decode_queue"]
+    )
+    assert with_kv.ttft_s == pytest.approx(without_kv.ttft_s)
+
+
+def test_two_requests_in_one_batch_stay_apart() -> None:
+    spans = load_spans("pd-capture-current") + load_spans("gie-legacy-epp-aggregated")
+    facts = assemble(spans)
+    assert len(facts) == 2
+    check_facts(facts[0], load_expected("pd-capture-current")["requests"][0])
+    check_facts(facts[1], load_expected("gie-legacy-epp-aggregated")["requests"][0])
+
+
+def test_orphan_llm_request_alone_is_one_request_and_joins_when_the_rest_arrives() -> None:
+    spans = load_spans("pd-v0.9-orphan-vllm")
+    orphans = [s for s in spans if s.name == "llm_request"]
+    alone = assemble(copy.deepcopy(orphans))
+    assert len(alone) == 1  # both legs share the request id: one request, flagged
+    assert [f.name for f in alone[0].flags] == ["broken_trace"]
+    assert not alone[0].complete
+    assert len(assemble(spans)) == 1
+
+
+def test_request_keys_join_sidecar_header_and_vllm_ids() -> None:
+    spans = load_spans("pd-rdma-happy-path")
+    by_name: dict[str, set[str]] = {}
+    for span in spans:
+        for key in request_keys(span):
+            by_name.setdefault(span.name, set()).add(key)
+    uuid = "3f2b8c1e-9a4d-4e7b-8c2f-5d1a6b7e9c01"
+    assert (
+        by_name["prefill"]
+        == by_name["decode"]
+        == by_name["llm_request"]
+        == by_name["llm_d.kv_transfer"]
+        == {uuid}
+    )
+
+
+def test_assemble_returns_nothing_for_nothing() -> None:
+    assert assemble([]) == []
+    assert assemble([None, "span", 3]) == []  # type: ignore[list-item]
