@@ -1,0 +1,425 @@
+"""`railtrace demo`: a simulated P/D fleet with injected faults, end to end in one command.
+
+It writes the fleet's Kubernetes objects to a temp folder, starts the real service on a fresh
+SQLite database there, drives the simulated requests through the real shims and the official
+OTLP exporter, waits until the service has assembled every request, and reports what the
+service found next to what was injected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from railtrace.simulator import scenarios as scen
+from railtrace.simulator.emit import GENERATIONS, Emitter, Processes, otlp_http_exporter
+from railtrace.simulator.engine import SimRequest, simulate
+from railtrace.simulator.fleet import SHAPES, Fleet, build_fleet
+from railtrace_tracing.semconv import FlagName, PathClass
+
+WORST = 5
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    """Entry point of `railtrace demo` (parser in railtrace.cli)."""
+    try:
+        chosen = scen.resolve(args.scenario)
+        if args.shape not in SHAPES:
+            raise ValueError(f"unknown shape {args.shape!r}; choose one of {', '.join(SHAPES)}")
+        if args.generation not in GENERATIONS:
+            raise ValueError(
+                f"unknown generation {args.generation!r}; choose one of {', '.join(GENERATIONS)}"
+            )
+        if args.requests < 1:
+            raise ValueError("--requests must be at least 1")
+    except ValueError as exc:
+        print(f"railtrace demo: {exc}", file=sys.stderr)
+        return 2
+    for flag, port in (("--port", args.port), ("--grpc-port", args.grpc_port)):
+        if port and not _port_free("127.0.0.1", port):
+            print(
+                f"railtrace demo: port {port} ({flag}) is already in use; pick another or leave it out "
+                "and the demo picks a free one",
+                file=sys.stderr,
+            )
+            return 2
+    workdir = Path(tempfile.mkdtemp(prefix="railtrace-demo-"))
+    try:
+        report = run_demo(
+            requests=args.requests,
+            seed=args.seed,
+            scenario_names=[s.name for s in chosen],
+            shape=args.shape,
+            generation=args.generation,
+            workdir=workdir,
+            db=args.db,
+            port=args.port,
+            grpc_port=args.grpc_port,
+            keep_serving=args.keep_serving,
+            as_json=args.json,
+        )
+    except OSError as exc:
+        print(f"railtrace demo: {exc}", file=sys.stderr)
+        return 2
+    return 0 if report.get("complete") else 1
+
+
+def run_demo(
+    *,
+    requests: int,
+    seed: int,
+    scenario_names: list[str],
+    shape: str = "a3-ultra",
+    generation: str = "current",
+    workdir: Path,
+    db: str | None = None,
+    port: int = 0,
+    grpc_port: int = 0,
+    keep_serving: bool = False,
+    as_json: bool = False,
+    print_report: bool = True,
+    quiet_period_s: float = 1.0,
+) -> dict[str, Any]:
+    """Run the whole demo and return the report (also printed unless `print_report` is False)."""
+    from railtrace.server.runner import Service
+    from railtrace.settings import Settings
+
+    started = time.monotonic()
+    chosen = scen.resolve(scenario_names)
+    fleet = build_fleet(shape, chosen, seed)
+    topo_dir = workdir / "topology"
+    fleet.write(topo_dir)
+    _say(
+        f"railtrace demo: fleet {shape}: {len(fleet.nodes)} nodes, {len(fleet.pods)} pods; "
+        f"objects in {topo_dir}"
+    )
+    sim = simulate(fleet, chosen, requests, seed)
+    settings = Settings(
+        db=db or f"sqlite:///{workdir / 'railtrace.db'}",
+        topology=[str(topo_dir)],
+        host="127.0.0.1",
+        port=port,
+        grpc_port=grpc_port,
+        quiet_period_s=quiet_period_s,
+    )
+    with Service(settings) as svc:
+        _say(f"railtrace demo: service on {svc.http_url} (OTLP/gRPC {svc.grpc_endpoint})")
+        span_end = max(r.end for r in sim) + 1.0
+        base_ns = time.time_ns() - int(span_end * 1e9)
+        procs = Processes(otlp_http_exporter(svc.http_url), seed)
+        emitter = Emitter(fleet, procs, generation, base_ns)
+        step = max(1, len(sim) // 10)
+        for i, r in enumerate(sim, 1):
+            emitter.emit(r)
+            if i % step == 0 or i == len(sim):
+                _say(f"railtrace demo: sent {i}/{len(sim)} requests")
+        procs.flush()
+        procs.shutdown()
+        summaries = _wait_assembled(svc.http_url, sim, timeout_s=90 + len(sim) * 0.1)
+        report = build_report(
+            fleet, sim, summaries, svc.http_url, generation, seed, time.monotonic() - started
+        )
+        if print_report:
+            print(json.dumps(report, indent=2) if as_json else format_report(report), flush=True)
+        if keep_serving:
+            _serve_until_interrupted(svc.http_url, svc.grpc_endpoint, workdir)
+    return report
+
+
+def _serve_until_interrupted(http_url: str, grpc: str, workdir: Path) -> None:
+    _say(
+        f"railtrace demo: serving until Ctrl-C\n  API      {http_url}/api/v1/requests\n"
+        f"  metrics  {http_url}/metrics\n  OTLP     {http_url}/v1/traces (HTTP), {grpc} (gRPC)\n"
+        f"  files    {workdir}"
+    )
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _wait_assembled(http_url: str, sim: list[SimRequest], timeout_s: float) -> dict[str, dict[str, Any]]:
+    """Poll the API until every simulated request has an assembled, complete summary."""
+    wanted = {r.request_id for r in sim}
+    found: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout_s
+    last = -1
+    with httpx.Client(base_url=http_url, timeout=30) as client:
+        while True:
+            found = _fetch_all(client, wanted)
+            done = sum(1 for rid in wanted if rid in found and found[rid].get("complete", True))
+            if done != last:
+                _say(f"railtrace demo: assembled {done}/{len(wanted)} requests")
+                last = done
+            if done == len(wanted) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    return found
+
+
+def _fetch_all(client: httpx.Client, wanted: set[str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    cursor: str | None = None
+    while True:
+        params: dict[str, Any] = {"limit": 1000}
+        if cursor:
+            params["cursor"] = cursor
+        resp = client.get("/api/v1/requests", params=params)
+        resp.raise_for_status()
+        body = resp.json()
+        for item in body.get("items", []):
+            rid = _request_id(item)
+            if rid in wanted:
+                prev = out.get(rid)
+                # A request split over traces may show a partial summary first; keep the fullest.
+                if prev is None or item.get("span_count", 0) > prev.get("span_count", 0):
+                    out[rid] = item
+        cursor = body.get("next_cursor")
+        if not cursor:
+            return out
+
+
+def _request_id(item: dict[str, Any]) -> str | None:
+    rid = item.get("request_id")
+    if not rid:
+        return None
+    for prefix in ("chatcmpl-", "cmpl-"):
+        if rid.startswith(prefix):
+            rid = rid[len(prefix) :]
+    if len(rid) > 36 and rid[36] == "-":
+        rid = rid[:36]
+    return rid
+
+
+# ---------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _r(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def build_report(
+    fleet: Fleet,
+    sim: list[SimRequest],
+    summaries: dict[str, dict[str, Any]],
+    http_url: str,
+    generation: str,
+    seed: int,
+    elapsed_s: float,
+) -> dict[str, Any]:
+    flags_of = {rid: {f["name"] for f in s.get("flags", [])} for rid, s in summaries.items()}
+    flag_counts = Counter(f for fl in flags_of.values() for f in fl)
+    path_counts = Counter(
+        ((s.get("kv_transfer") or {}).get("path_class") or PathClass.UNKNOWN) for s in summaries.values()
+    )
+    scenarios: list[dict[str, Any]] = []
+    for name in dict.fromkeys(r.scenario for r in sim):
+        rs = [r for r in sim if r.scenario == name]
+        ttfts = [
+            summaries[r.request_id]["ttft_s"]
+            for r in rs
+            if r.request_id in summaries
+            and summaries[r.request_id].get("ttft_s") is not None
+            and not r.failed
+        ]
+        expected = Counter(f for r in rs for f in r.expected_flags)
+        found = Counter(f for r in rs for f in r.expected_flags if f in flags_of.get(r.request_id, set()))
+        scenarios.append(
+            {
+                "scenario": name,
+                "description": scen.SCENARIOS[name].description,
+                "requests": len(rs),
+                "assembled": sum(1 for r in rs if r.request_id in summaries),
+                "ttft_mean_s": _r(_mean(ttfts)),
+                "ttft_p99_s": _r(_pct(ttfts, 0.99)),
+                "timed_out": sum(1 for r in rs if r.failed),
+                "injected": dict(sorted(expected.items())),
+                "found": dict(sorted(found.items())),
+                "flags": dict(
+                    sorted(Counter(f for r in rs for f in flags_of.get(r.request_id, set())).items())
+                ),
+            }
+        )
+    # Verdicts against ground truth.
+    healthy = [r for r in sim if not r.expected_flags and r.request_id in summaries]
+    healthy_flagged = [r for r in healthy if flags_of.get(r.request_id)]
+    missed = sum(
+        1
+        for r in sim
+        if r.request_id in summaries
+        for f in r.expected_flags
+        if f not in flags_of[r.request_id]
+    )
+    injected = sum(len(r.expected_flags) for r in sim if r.request_id in summaries)
+    # TCP fallback effect.
+    tcp = [r for r in sim if r.transport == "tcp"]
+    rdma = [r for r in sim if r.transport == "rdma" and not r.failed]
+
+    def kv_time(rs: list[SimRequest]) -> float | None:
+        vals = [((summaries.get(r.request_id) or {}).get("kv_transfer") or {}).get("duration_s") for r in rs]
+        return _mean([v for v in vals if v is not None])
+
+    tcp_mean, rdma_mean = kv_time(tcp), kv_time(rdma)
+    tcp_effect = {
+        "tcp_requests": len(tcp),
+        "tcp_timed_out": sum(1 for r in tcp if r.failed),
+        "rdma_requests": len(rdma) + sum(1 for r in sim if r.transport == "rdma" and r.failed),
+        "rdma_timed_out": sum(1 for r in sim if r.transport == "rdma" and r.failed),
+        "kv_mean_s_tcp": _r(tcp_mean),
+        "kv_mean_s_rdma": _r(rdma_mean),
+        "kv_time_cut_by_rdma_pct": _r(100 * (1 - rdma_mean / tcp_mean), 1)
+        if tcp_mean and rdma_mean
+        else None,
+        "flagged_tcp_fallback": sum(
+            1 for r in tcp if FlagName.TCP_FALLBACK in flags_of.get(r.request_id, set())
+        ),
+    }
+    worst = sorted(
+        (s for s in summaries.values() if s.get("flags")),
+        key=lambda s: (-(s.get("ttft_s") if s.get("ttft_s") is not None else 1e9), s.get("trace_id", "")),
+    )[:WORST]
+    worst_out = [
+        {
+            "trace_id": s["trace_id"],
+            "request_id": s.get("request_id"),
+            "ttft_s": _r(s.get("ttft_s")),
+            "path_class": (s.get("kv_transfer") or {}).get("path_class"),
+            "prefill": (s.get("prefill") or {}).get("pod"),
+            "decode": (s.get("decode") or {}).get("pod"),
+            "flags": [{"name": f["name"], "evidence": f.get("evidence")} for f in s.get("flags", [])],
+            "url": f"{http_url}/api/v1/requests/{s['trace_id']}",
+        }
+        for s in worst
+    ]
+    ladder = [next((s for s in scenarios if s["scenario"] == n), None) for n in scen.LADDER]
+    ladder_vals = [s["ttft_mean_s"] for s in ladder if s is not None and s["ttft_mean_s"] is not None]
+    return {
+        "fleet": {
+            "shape": fleet.shape.name,
+            "machine_type": fleet.shape.machine_type,
+            "nodes": len(fleet.nodes),
+            "pods": len(fleet.pods),
+            "blocks": len({n.block for n in fleet.nodes}),
+            "subblocks": len({n.subblock for n in fleet.nodes}),
+        },
+        "generation": generation,
+        "seed": seed,
+        "requests": len(sim),
+        "assembled": len(summaries),
+        "complete": len(summaries) == len(sim),
+        "flags": dict(sorted(flag_counts.items())),
+        "path_classes": dict(sorted(path_counts.items())),
+        "scenarios": scenarios,
+        "ladder_holds": len(ladder_vals) == 3 and ladder_vals[0] > ladder_vals[1] > ladder_vals[2],
+        "tcp_fallback": tcp_effect,
+        "verdicts": {
+            "injected": injected,
+            "missed": missed,
+            "healthy": len(healthy),
+            "healthy_flagged": len(healthy_flagged),
+        },
+        "worst": worst_out,
+        "api": f"{http_url}/api/v1/requests",
+        "elapsed_s": round(elapsed_s, 1),
+    }
+
+
+def format_report(rep: dict[str, Any]) -> str:
+    def s(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}s"
+
+    f = rep["fleet"]
+    out = [
+        "",
+        f"railtrace demo — {rep['requests']} requests, seed {rep['seed']}, "
+        f"llm-d span names {rep['generation']}",
+        f"fleet: {f['nodes']} × {f['machine_type']} in {f['blocks']} blocks / {f['subblocks']} subblocks, "
+        f"{f['pods']} vLLM pods; assembled {rep['assembled']}/{rep['requests']}",
+        "",
+        "flags        " + ("  ".join(f"{k} {v}" for k, v in rep["flags"].items()) or "none"),
+        "path class   " + "  ".join(f"{k} {v}" for k, v in rep["path_classes"].items()),
+        "",
+        f"{'scenario':<16}{'reqs':>5}{'mean TTFT':>11}{'p99 TTFT':>10}{'timeouts':>10}  injected → found",
+    ]
+    for sc_ in rep["scenarios"]:
+        inj = ", ".join(f"{k} {sc_['found'].get(k, 0)}/{v}" for k, v in sc_["injected"].items()) or "—"
+        out.append(
+            f"{sc_['scenario']:<16}{sc_['requests']:>5}{s(sc_['ttft_mean_s']):>11}{s(sc_['ttft_p99_s']):>10}"
+            f"{sc_['timed_out']:>10}  {inj}"
+        )
+    if any(x["scenario"] in scen.LADDER for x in rep["scenarios"]):
+        out.append(
+            "published ladder (mean TTFT): unconstrained 2.15s ≫ DRA-aligned 1.157s ≫ topology-aware 0.33s"
+            + (" — reproduced in shape" if rep["ladder_holds"] else "")
+        )
+    t = rep["tcp_fallback"]
+    if t["tcp_requests"]:
+        out += [
+            "",
+            f"TCP fallback: {t['tcp_requests']} transfers over TCP, {t['tcp_timed_out']} timed out "
+            f"(RDMA: {t['rdma_timed_out']} of {t['rdma_requests']}); "
+            f"flagged tcp_fallback {t['flagged_tcp_fallback']}",
+            f"  mean KV transfer TCP {s(t['kv_mean_s_tcp'])} vs RDMA {s(t['kv_mean_s_rdma'])}"
+            + (f" (RDMA cuts it by {t['kv_time_cut_by_rdma_pct']}%)" if t["kv_time_cut_by_rdma_pct"] else ""),
+        ]
+    v = rep["verdicts"]
+    out += [
+        "",
+        f"verdicts vs injected faults: {v['injected'] - v['missed']}/{v['injected']} found; "
+        f"healthy requests flagged {v['healthy_flagged']}/{v['healthy']}",
+        "",
+        "worst flagged requests:",
+    ]
+    for w in rep["worst"]:
+        out.append(
+            f"  {w['trace_id']}  TTFT {s(w['ttft_s'])}  {w['path_class']}  {w['prefill']} → {w['decode']}"
+        )
+        for fl in w["flags"]:
+            out.append(f"    {fl['name']}: {fl['evidence']}")
+        out.append(f"    {w['url']}")
+    out += ["", f"API {rep['api']}   ({rep['elapsed_s']}s)"]
+    return "\n".join(out)

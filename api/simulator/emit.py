@@ -1,0 +1,538 @@
+"""Emission: every simulated request as the spans the real stack (plus railtrace's shims) sends.
+
+One TracerProvider with its own Resource per simulated process (the EPP, each sidecar, each
+vLLM engine), each exporting through the official OTLP exporter. Trace context travels in
+header dicts between processes with the W3C propagator, exactly where the real hops inject
+and extract it, so an old sidecar that does not inject produces separate traces by itself.
+The router scoring and KV-transfer spans go through the railtrace shims; the KV span's
+evidence is UCX log text parsed by the real parser. Timestamps are the simulated ones.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from railtrace.simulator.engine import SimRequest
+from railtrace.simulator.fleet import MODEL_NAME, NAMESPACE, SIDECAR_PORT, VLLM_PORT, Fleet, Pod
+from railtrace.simulator.router import DECODE_WEIGHTS, PREFILL_WEIGHTS, TOPOLOGY_SCORER, TOPOLOGY_WEIGHT
+from railtrace.simulator.ucxlog import endpoint_log
+from railtrace_tracing import semconv as sc
+from railtrace_tracing.kv_transfer import record_kv_transfer
+from railtrace_tracing.router_scoring import Candidate, SchedulingRecorder
+
+GENERATIONS = ("current", "v0.10", "v0.9", "v0.8")
+EPP_POD = "llm-d-router-epp-7c9d5b8f4-x2k9q"
+EPP_NODE = "gke-railtrace-cpu-pool-3f1e9a2c-q7m2"
+_W3C = TraceContextTextMapPropagator()
+
+
+@dataclass(frozen=True, slots=True)
+class Names:
+    """What one llm-d generation calls its spans and services, and which hops propagate."""
+
+    epp_service: str
+    sidecar_service: str
+    sidecar_root: str
+    prefill: str
+    decode: str
+    disagg_pick: str
+    decision_attr: str
+    prepare: str
+    prefix_span: str | None  # old single prefix-scorer span; None when the scoring subtree exists
+    sidecar_injects: bool
+
+
+NAMES: dict[str, Names] = {
+    "current": Names(
+        "llm-d-router/epp",
+        "llm-d-disagg-sidecar",
+        sc.SPAN_PD_FORWARD,
+        sc.SPAN_PD_PREFILL,
+        sc.SPAN_PD_DECODE,
+        sc.SPAN_PICK_DISAGG_PROFILE,
+        sc.EPP_DECISION,
+        sc.SPAN_PREPARE_DISAGGREGATION,
+        None,
+        True,
+    ),
+    "v0.10": Names(
+        "llm-d-router/epp",
+        "pd-sidecar",
+        sc.SPAN_PD_FORWARD,
+        sc.SPAN_PD_PREFILL,
+        sc.SPAN_PD_DECODE,
+        sc.SPAN_PICK_DISAGG_PROFILE,
+        sc.EPP_DECISION,
+        sc.SPAN_PREPARE_DISAGGREGATION,
+        None,
+        True,
+    ),
+    "v0.9": Names(
+        "llm-d-router/epp",
+        "pd-sidecar",
+        sc.SPAN_PD_FORWARD,
+        sc.SPAN_PD_PREFILL,
+        sc.SPAN_PD_DECODE,
+        sc.SPAN_PICK_DISAGG_PROFILE,
+        sc.EPP_DECISION,
+        sc.SPAN_PREPARE_DISAGGREGATION,
+        sc.SPAN_SCORE_PREFIX_CACHE,
+        False,
+    ),
+    "v0.8": Names(
+        "llm-d-inference-scheduler",
+        "pd-sidecar",
+        sc.SPAN_V08_PD_REQUEST,
+        sc.SPAN_V08_PD_PREFILL,
+        sc.SPAN_V08_PD_DECODE,
+        sc.SPAN_V08_DISAGG_PICK,
+        sc.EPP_DECISION_LEGACY,
+        sc.SPAN_V08_PREREQUEST_DISAGG,
+        sc.SPAN_V08_PREFIX_SCORER,
+        False,
+    ),
+}
+
+
+class SeededIds(IdGenerator):
+    """Trace and span ids from a seeded stream, so a seed reproduces the same trace ids."""
+
+    def __init__(self, seed: str) -> None:
+        self._rng = random.Random(seed)
+
+    def generate_span_id(self) -> int:
+        return self._rng.getrandbits(64) or 1
+
+    def generate_trace_id(self) -> int:
+        return self._rng.getrandbits(128) or 1
+
+
+ExporterFactory = Callable[[], SpanExporter]
+
+
+def otlp_http_exporter(http_url: str) -> ExporterFactory:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return lambda: OTLPSpanExporter(endpoint=f"{http_url.rstrip('/')}/v1/traces", timeout=30)
+
+
+def otlp_grpc_exporter(endpoint: str) -> ExporterFactory:
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    return lambda: OTLPSpanExporter(endpoint=endpoint, insecure=True, timeout=30)
+
+
+class Processes:
+    """The simulated processes' tracer providers, created on first use."""
+
+    def __init__(self, exporter: ExporterFactory, seed: int) -> None:
+        self.exporter = exporter
+        self.seed = seed
+        self.providers: dict[str, TracerProvider] = {}
+
+    def provider(self, key: str, resource: dict[str, Any]) -> TracerProvider:
+        tp = self.providers.get(key)
+        if tp is None:
+            tp = TracerProvider(
+                resource=Resource.create(resource), id_generator=SeededIds(f"{self.seed}-{key}")
+            )
+            tp.add_span_processor(
+                BatchSpanProcessor(
+                    self.exporter(),
+                    max_queue_size=65536,
+                    max_export_batch_size=1024,
+                    schedule_delay_millis=250,
+                )
+            )
+            self.providers[key] = tp
+        return tp
+
+    def flush(self) -> None:
+        for tp in self.providers.values():
+            tp.force_flush(60_000)
+
+    def shutdown(self) -> None:
+        for tp in self.providers.values():
+            tp.shutdown()
+
+
+def _res(service: str, pod: str, node: str, **extra: Any) -> dict[str, Any]:
+    return {
+        sc.RES_SERVICE_NAME: service,
+        sc.RES_POD: pod,
+        sc.RES_NODE: node,
+        sc.RES_HOST: pod,
+        sc.RES_NAMESPACE: NAMESPACE,
+        **extra,
+    }
+
+
+class Emitter:
+    """Turns simulated requests into spans of the right processes."""
+
+    def __init__(self, fleet: Fleet, processes: Processes, generation: str, base_ns: int) -> None:
+        if generation not in NAMES:
+            raise ValueError(f"unknown generation {generation!r}; choose one of {', '.join(GENERATIONS)}")
+        self.fleet = fleet
+        self.procs = processes
+        self.names = NAMES[generation]
+        self.generation = generation
+        self.base_ns = base_ns
+        self._ucx_logs: dict[tuple[str, str], str] = {}
+
+    def ns(self, t: float) -> int:
+        return self.base_ns + round(t * 1e9)
+
+    # -- processes ---------------------------------------------------------------------
+    def _epp(self) -> trace.TracerProvider:
+        return self.procs.provider("epp", _res(self.names.epp_service, EPP_POD, EPP_NODE))
+
+    def _sidecar(self, pod: Pod) -> trace.TracerProvider:
+        service = self.names.sidecar_service if pod.sidecar_version == "current" else "pd-sidecar"
+        return self.procs.provider(f"sidecar/{pod.name}", _res(service, pod.name, pod.node.name))
+
+    def _vllm(self, pod: Pod) -> trace.TracerProvider:
+        return self.procs.provider(
+            f"vllm/{pod.name}",
+            _res(
+                f"vllm-{pod.role}",
+                pod.name,
+                pod.node.name,
+                **{sc.RES_VLLM_MODULE: "vllm.llm_engine", sc.RES_POD_IP: pod.ip},
+            ),
+        )
+
+    # -- one request -------------------------------------------------------------------
+    def emit(self, r: SimRequest) -> None:
+        epp = self._epp().get_tracer("llm-d-router/pkg/epp/handlers")
+        failed_status = Status(StatusCode.ERROR, "upstream request timeout")
+        gw = epp.start_span(
+            sc.SPAN_GATEWAY_REQUEST,
+            kind=SpanKind.SERVER,
+            start_time=self.ns(r.arrival),
+            attributes={
+                sc.GEN_AI_REQUEST_MODEL: MODEL_NAME,
+                sc.HTTP_REQUEST_METHOD: "POST",
+                sc.URL_PATH: "/v1/chat/completions",
+            },
+        )
+        gw_ctx = trace.set_span_in_context(gw)
+        self._schedule(r, gw_ctx)
+        headers: dict[str, str] = {}
+        _W3C.inject(headers, context=gw_ctx)  # the EPP's header mutation towards the sidecar
+        self._sidecar_spans(r, headers)
+        gw.set_attribute(sc.HTTP_RESPONSE_STATUS, 504 if r.failed else 200)
+        if r.failed:
+            gw.set_status(failed_status)
+            gw.set_attribute(sc.ERROR_TYPE, "timeout")
+        gw.end(end_time=self.ns(r.end + 0.0002))
+
+    def _schedule(self, r: SimRequest, parent: otel_context.Context) -> None:
+        n = self.names
+        tracer = self._epp().get_tracer("llm-d-router/pkg/epp/requestcontrol")
+        t0, t1 = r.arrival + 0.00005, r.sched_end - 0.00005
+        orch = tracer.start_span(
+            sc.SPAN_GATEWAY_ORCHESTRATION,
+            context=parent,
+            kind=SpanKind.SERVER,
+            start_time=self.ns(t0),
+            attributes={sc.TARGET_MODEL: MODEL_NAME},
+        )
+        octx = trace.set_span_in_context(orch)
+        step = (t1 - t0) / 8
+        rec = SchedulingRecorder(self._epp())
+        req_id = None  # the EPP sees no request id yet; the sidecar mints it
+
+        def decision(i: int, value: str) -> None:
+            s = tracer.start_span(
+                n.disagg_pick,
+                context=octx,
+                start_time=self.ns(t0 + i * step),
+                attributes={n.decision_attr: value, sc.GEN_AI_REQUEST_MODEL: MODEL_NAME},
+            )
+            s.end(end_time=self.ns(t0 + (i + 0.5) * step))
+
+        # Decode profile first, then prefill, as llm-d's disaggregated profile handler does.
+        decision(0, "run_decode")
+        self._profile(rec, r, "decode", octx, t0 + 1 * step, t0 + 3 * step, req_id)
+        decision(3, "run_prefill")
+        self._profile(rec, r, "prefill", octx, t0 + 4 * step, t0 + 6 * step, req_id)
+        decision(6, "complete_prefill-decode")
+        prep = tracer.start_span(
+            n.prepare,
+            context=octx,
+            start_time=self.ns(t0 + 7 * step),
+            attributes={
+                sc.EPP_PD_DISAGG_USED: True,
+                sc.EPP_PD_PREFILL_ADDRESS: r.prefill.ip,
+                sc.EPP_PD_PREFILL_PORT: str(VLLM_PORT),
+            },
+        )
+        prep.end(end_time=self.ns(t1))
+        orch.end(end_time=self.ns(t1))
+
+    def _profile(
+        self,
+        rec: SchedulingRecorder,
+        r: SimRequest,
+        profile: str,
+        parent: otel_context.Context,
+        start: float,
+        end: float,
+        req_id: str | None,
+    ) -> None:
+        pick = r.decode_pick if profile == "decode" else r.prefill_pick
+        cands = [
+            Candidate(
+                endpoint=c.pod.endpoint,
+                score=c.total,
+                scorer_scores=dict(c.scorers),
+                topology=c.pod.topology_key,
+                pod=c.pod.name,
+            )
+            for c in pick.candidates
+        ]
+        weights = dict(PREFILL_WEIGHTS if profile == "prefill" else DECODE_WEIGHTS)
+        if profile == "decode" and any(TOPOLOGY_SCORER in c.scorers for c in pick.candidates):
+            weights[TOPOLOGY_SCORER] = TOPOLOGY_WEIGHT
+        old_prefix = self.names.prefix_span
+        rec.record(
+            profile,
+            cands,
+            pick.chosen.endpoint,
+            scorers=None if old_prefix else weights,
+            model=MODEL_NAME,
+            request_id=req_id,
+            parent=parent,
+            start_time_ns=self.ns(start),
+            end_time_ns=self.ns(end),
+        )
+        if old_prefix and profile == "prefill":
+            tracer = self._epp().get_tracer("llm-d-router/pkg/epp/framework/plugins/scheduling")
+            vals = [c.scorers.get("prefix-cache-scorer", 0.0) for c in pick.candidates]
+            s = tracer.start_span(
+                old_prefix,
+                context=parent,
+                start_time=self.ns(start),
+                attributes={
+                    sc.EPP_SCORER_CANDIDATES: len(vals),
+                    sc.EPP_SCORER_SCORE_MAX: max(vals),
+                    sc.EPP_SCORER_SCORE_AVG: sum(vals) / len(vals),
+                },
+            )
+            s.end(end_time=self.ns(start + (end - start) / 4))
+
+    def _sidecar_spans(self, r: SimRequest, inbound: dict[str, str]) -> None:
+        n = self.names
+        dc, pf = r.decode, r.prefill
+        tracer = self._sidecar(dc).get_tracer("llm-d-router/pkg/sidecar/proxy")
+        injects = n.sidecar_injects and dc.sidecar_version == "current"
+        ctx = _W3C.extract(inbound)
+        t_in = r.sched_end
+        server = tracer.start_span(
+            f"{sc.SPAN_PD_SERVER_PREFIX}POST /v1/chat/completions",
+            context=ctx,
+            kind=SpanKind.SERVER,
+            start_time=self.ns(t_in),
+            attributes={
+                sc.HTTP_REQUEST_METHOD: "POST",
+                sc.URL_PATH: "/v1/chat/completions",
+                sc.SERVER_PORT: SIDECAR_PORT,
+            },
+        )
+        fwd = tracer.start_span(
+            n.sidecar_root,
+            context=trace.set_span_in_context(server),
+            kind=SpanKind.SERVER,
+            start_time=self.ns(t_in + 0.00002),
+            attributes={
+                sc.PD_CONNECTOR: "nixlv2",
+                sc.PD_KV_CONNECTOR: "nixlv2",
+                sc.PD_DISAGG_USED: True,
+                sc.PD_PREFILL_TARGET: pf.endpoint,
+                sc.PD_REQUEST_PATH: "/v1/chat/completions",
+            },
+        )
+        common = {sc.PD_REQUEST_ID: r.request_id, sc.PD_CONNECTOR: "nixlv2"}
+        pre = tracer.start_span(
+            n.prefill,
+            context=trace.set_span_in_context(fwd),
+            start_time=self.ns(t_in + 0.00004),
+            attributes={**common, sc.PD_PREFILL_TARGET: pf.endpoint},
+        )
+        pre_ctx = trace.set_span_in_context(pre)
+        # Prefill leg: HTTP POST to the prefill engine.
+        http_p = tracer.start_span(
+            sc.SPAN_HTTP_CLIENT_POST,
+            context=pre_ctx,
+            kind=SpanKind.CLIENT,
+            start_time=self.ns(r.prefill_arrive),
+            attributes={sc.SERVER_ADDRESS: pf.ip, sc.SERVER_PORT: VLLM_PORT, sc.HTTP_REQUEST_METHOD: "POST"},
+        )
+        hp: dict[str, str] = {"x-request-id": r.request_id}
+        if injects:
+            _W3C.inject(hp, context=trace.set_span_in_context(http_p))
+        self._vllm_prefill(r, hp)
+        http_p.set_attribute(sc.HTTP_RESPONSE_STATUS, 200)
+        http_p.end(end_time=self.ns(r.prefill_end + 0.0001))
+        prefill_ms = float(round((r.prefill_end - r.prefill_arrive) * 1000))
+        pre.set_attributes({sc.PD_PREFILL_STATUS: 200, sc.PD_PREFILL_LEG_DURATION_MS: prefill_ms})
+
+        # Decode leg, a child of prefill in the nixlv2 serial path.
+        dec = tracer.start_span(
+            n.decode,
+            context=pre_ctx,
+            start_time=self.ns(r.decode_arrive - 0.0001),
+            attributes={**common, sc.PD_DECODE_TARGET: dc.endpoint, sc.PD_DECODE_STREAMING: True},
+        )
+        http_d = tracer.start_span(
+            sc.SPAN_HTTP_CLIENT_POST,
+            context=trace.set_span_in_context(dec),
+            kind=SpanKind.CLIENT,
+            start_time=self.ns(r.decode_arrive),
+            attributes={sc.SERVER_ADDRESS: dc.ip, sc.SERVER_PORT: VLLM_PORT, sc.HTTP_REQUEST_METHOD: "POST"},
+        )
+        hd: dict[str, str] = {"x-request-id": r.request_id}
+        if injects:
+            _W3C.inject(hd, context=trace.set_span_in_context(http_d))
+        self._vllm_decode(r, hd)
+        http_d.set_attribute(sc.HTTP_RESPONSE_STATUS, 504 if r.failed else 200)
+        http_d.end(end_time=self.ns(r.end + 0.00005))
+        total_ms = float(round((r.end - t_in) * 1000))
+        decode_ms = float(round((r.end - r.decode_arrive) * 1000))
+        dec.set_attributes(
+            {
+                sc.PD_DECODE_LEG_DURATION_MS: decode_ms,
+                sc.PD_TOTAL_DURATION_MS: total_ms,
+                sc.PD_TRUE_TTFT_MS: float(round((r.decode_arrive - t_in) * 1000)),
+                sc.PD_PREFILL_DURATION_MS: prefill_ms,
+                sc.PD_DECODE_DURATION_MS: decode_ms,
+                sc.PD_COORDINATOR_OVERHEAD_MS: float(round(max(0.0, total_ms - prefill_ms - decode_ms))),
+            }
+        )
+        for span in (dec, pre, fwd, server):
+            if r.failed:
+                span.set_status(Status(StatusCode.ERROR, "decode leg timed out"))
+        dec.end(end_time=self.ns(r.end + 0.0001))
+        pre.end(end_time=self.ns(r.end + 0.00012))
+        fwd.end(end_time=self.ns(r.end + 0.00014))
+        server.end(end_time=self.ns(r.end + 0.00016))
+
+    def _vllm_prefill(self, r: SimRequest, headers: dict[str, str]) -> None:
+        pf = r.prefill
+        tracer = self._vllm(pf).get_tracer("vllm.foundation.observability.tracing.otel")
+        ctx = _W3C.extract(headers) if "traceparent" in headers else otel_context.Context()
+        ttft = r.prefill_end - r.prefill_arrive
+        span = tracer.start_span(
+            sc.SPAN_VLLM_REQUEST,
+            context=ctx,
+            kind=SpanKind.SERVER,
+            start_time=self.ns(r.prefill_arrive),
+            attributes={
+                sc.GEN_AI_REQUEST_ID: f"cmpl-{r.request_id}-0",
+                sc.GEN_AI_RESPONSE_MODEL: MODEL_NAME,
+                sc.VLLM_PROMPT_TOKENS: r.prompt_tokens,
+                sc.VLLM_COMPLETION_TOKENS: 1,
+                sc.GEN_AI_MAX_TOKENS: 1,
+                sc.VLLM_TTFT: ttft,
+                sc.VLLM_E2E: ttft,
+                sc.VLLM_QUEUE: r.prefill_start - r.prefill_arrive,
+                sc.VLLM_PREFILL: r.prefill_end - r.prefill_start,
+                sc.VLLM_DECODE: 0.0,
+                sc.VLLM_INFERENCE: r.prefill_end - r.prefill_start,
+            },
+        )
+        span.end(end_time=self.ns(r.prefill_end))
+
+    def _vllm_decode(self, r: SimRequest, headers: dict[str, str]) -> None:
+        dc, pf = r.decode, r.prefill
+        vllm = self._vllm(dc)
+        tracer = vllm.get_tracer("vllm.foundation.observability.tracing.otel")
+        incoming = _W3C.extract(headers) if "traceparent" in headers else None
+        attrs: dict[str, Any] = {
+            sc.GEN_AI_REQUEST_ID: f"cmpl-{r.request_id}-0",
+            sc.GEN_AI_RESPONSE_MODEL: MODEL_NAME,
+            sc.VLLM_PROMPT_TOKENS: r.prompt_tokens,
+            sc.VLLM_QUEUE: r.decode_start - r.decode_arrive,
+        }
+        if r.first_token is not None:
+            attrs.update(
+                {
+                    sc.VLLM_COMPLETION_TOKENS: r.output_tokens,
+                    sc.VLLM_TTFT: r.first_token - r.decode_arrive,
+                    sc.VLLM_E2E: r.end - r.decode_arrive,
+                    sc.VLLM_PREFILL: r.first_token - r.decode_start,
+                    sc.VLLM_DECODE: r.end - r.first_token,
+                    sc.VLLM_INFERENCE: r.end - r.decode_start,
+                }
+            )
+        span = tracer.start_span(
+            sc.SPAN_VLLM_REQUEST,
+            context=incoming or otel_context.Context(),
+            kind=SpanKind.SERVER,
+            start_time=self.ns(r.decode_arrive),
+            attributes=attrs,
+        )
+        if r.kv_ran:
+            # The KV shim parents the transfer on the request's incoming context; without one
+            # (old sidecar) it lands in the engine's own trace.
+            parent = incoming if incoming is not None else trace.set_span_in_context(span)
+            agent = dc.engine_id
+            log = self._ucx_log(r, agent)
+            with record_kv_transfer(
+                tracer_provider=vllm,
+                ucx_log_text=log,
+                ucx_context=agent,
+                operation="read",
+                request_id=f"cmpl-{r.request_id}-0",
+                bytes=r.kv_bytes,
+                descriptors=-(-r.prompt_tokens // 16),
+                local_gpu=dc.gpu.uuid,
+                remote_host=pf.ip,
+                remote_engine_id=pf.engine_id,
+                parent=parent,
+                start_time_ns=self.ns(r.kv_start),
+                end_time_ns=self.ns(r.kv_end),
+            ) as kv:
+                if r.failed:
+                    kv.fail("timeout", "KV transfer did not complete before the request timed out")
+        if r.failed:
+            span.set_status(Status(StatusCode.ERROR, "aborted: timeout"))
+            span.set_attribute(sc.ERROR_TYPE, "timeout")
+        span.end(end_time=self.ns(r.end))
+
+    def _ucx_log(self, r: SimRequest, agent: str) -> str:
+        """The decode engine's UCX log for its endpoint to this prefill engine (one per pair)."""
+        key = (r.decode.name, r.prefill.name)
+        text = self._ucx_logs.get(key)
+        if text is None:
+            text = endpoint_log(
+                agent=agent,
+                host=r.decode.name,
+                pid=1000 + len(self._ucx_logs) % 97,
+                ts=self.ns(r.kv_start) / 1e9,
+                devices=list(r.devices),
+                split=list(r.split),
+                transport=r.transport,
+                operation="read",
+                net_devices=",".join(f"{nic.rdma_device}:1" for nic in r.decode.nics),
+            )
+            self._ucx_logs[key] = text
+        return text
+
+
+def scorer_json(scores: dict[str, float]) -> str:
+    return json.dumps(scores, sort_keys=True, separators=(",", ":"))
