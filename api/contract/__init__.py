@@ -5,6 +5,7 @@
 """
 
 from railtrace.contract.audit import ContractConfig, audit, summary_dict
+from railtrace.contract.online import audit_store, recent_summaries
 from railtrace.contract.report import (
     OBLIGATIONS,
     STATUSES,
@@ -28,8 +29,10 @@ __all__ = [
     "Rollup",
     "Subject",
     "audit",
+    "audit_store",
     "contract_gauges",
     "filter_report",
+    "recent_summaries",
     "summary_dict",
     "worst",
 ]

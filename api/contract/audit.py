@@ -90,10 +90,12 @@ def audit(
 
     node_checks = {name: _discovered_node(topology, name, config) for name in sorted(topology.nodes)}
     subjects: list[Subject] = []
+    by_pod: dict[str, list[dict[str, Any]]] = {}
+    for r in reqs:
+        for name in {_leg(r, "prefill").get("pod"), _leg(r, "decode").get("pod")} - {None, ""}:
+            by_pod.setdefault(str(name), []).append(r)
     for info in _pod_subjects(topology, reqs):
-        pod_reqs = [
-            r for r in reqs if info.name in (_leg(r, "prefill").get("pod"), _leg(r, "decode").get("pod"))
-        ]
+        pod_reqs = by_pod.get(info.name, [])
         obligations = {
             Obligation.DISCOVERED.value: _discovered_pod(topology, info, node_checks, config),
             Obligation.PRESERVED.value: _preserved_pod(topology, info),

@@ -8,19 +8,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from collections.abc import Iterator
-from typing import Any, TextIO
+from typing import TextIO
 
 import orjson
 
 from railtrace.contract.audit import ContractConfig, audit
 from railtrace.contract.report import BROKEN, OBLIGATIONS, ContractReport
-
-# Page size when reading request summaries back from the store.
-_PAGE = 1000
-# Upper bound on summaries read for one audit, to keep a CLI run bounded on a busy store.
-MAX_SUMMARIES = 200_000
 
 
 def contract_command(args: argparse.Namespace) -> int:
@@ -47,7 +40,14 @@ def contract_command(args: argparse.Namespace) -> int:
     summaries = None
     if db:
         try:
-            summaries = list(recent_summaries(Settings(db=db).db, config.window_s))
+            from railtrace.contract.online import recent_summaries
+            from railtrace.store import Store, make_engine
+
+            engine = make_engine(Settings(db=db).db)
+            try:
+                summaries = list(recent_summaries(Store(engine), config.window_s))
+            finally:
+                engine.dispose()
         except Exception as exc:
             print(f"railtrace contract: cannot read requests from {db}: {exc}", file=sys.stderr)
             return 2
@@ -57,26 +57,6 @@ def contract_command(args: argparse.Namespace) -> int:
     else:
         print_table(report, sys.stdout)
     return 1 if any(v["status"] == BROKEN for v in report.fleet.obligations.values()) else 0
-
-
-def recent_summaries(db_url: str, window_s: float | None) -> Iterator[dict[str, Any]]:
-    """Request summaries newer than the window, newest first, through the store's typed query."""
-    from railtrace.store import RequestQuery, Store, make_engine
-
-    store = Store(make_engine(db_url))
-    since = None if window_s is None else time.time_ns() - int(window_s * 1e9)
-    cursor = None
-    seen = 0
-    while True:
-        page = store.list_requests(RequestQuery(since_ns=since, limit=_PAGE, cursor=cursor))
-        for item in page.items:
-            yield item
-            seen += 1
-        if not page.next_cursor or seen >= MAX_SUMMARIES:
-            return
-        from railtrace.store import Cursor
-
-        cursor = Cursor.decode(page.next_cursor)
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,0 +1,48 @@
+"""The audit over the store's recent traffic: one function for the CLI, the REST route and /metrics.
+
+Reads request summaries newer than the window through the store's typed query (newest first,
+keyset pages), bounded so one audit stays cheap on a busy store.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+from railtrace.contract.audit import ContractConfig, audit
+from railtrace.contract.report import ContractReport
+from railtrace.topology.model import Topology
+
+PAGE = 1000
+MAX_SUMMARIES = 200_000  # newest first; older traffic beyond this is not read
+
+
+def recent_summaries(
+    store: Any, window_s: float | None, limit: int = MAX_SUMMARIES
+) -> Iterator[dict[str, Any]]:
+    """Summaries from a `railtrace.store.Store` newer than `window_s` seconds (all when None)."""
+    from railtrace.store import Cursor, RequestQuery
+
+    since = None if window_s is None else time.time_ns() - int(window_s * 1e9)
+    cursor = None
+    seen = 0
+    while True:
+        page = store.list_requests(RequestQuery(since_ns=since, limit=PAGE, cursor=cursor))
+        for item in page.items:
+            yield item
+            seen += 1
+            if seen >= limit:
+                return
+        if not page.next_cursor:
+            return
+        cursor = Cursor.decode(page.next_cursor)
+
+
+def audit_store(
+    topology: Topology, store: Any, config: ContractConfig | None = None, now: datetime | None = None
+) -> ContractReport:
+    """The online audit: the topology plus the store's recent request summaries."""
+    config = config or ContractConfig()
+    return audit(topology, list(recent_summaries(store, config.window_s)), config, now)
