@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -86,3 +87,28 @@ def inject_context(carrier: dict[str, str], ctx: otel_context.Context | None = N
     """Write `traceparent`/`tracestate` of `ctx` (current when None) into `carrier`."""
     _W3C.inject(carrier, context=ctx)
     return carrier
+
+
+class GatedInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+    """Instrumentor that `opentelemetry-instrument` loads but that stays off unless
+    `RAILTRACE_SHIMS` names it; an explicit `instrument()` call always enables it.
+    `instrument()`/`uninstrument()` never raise into the host application."""
+
+    shim_name = ""
+
+    def instrument(self, **kwargs: Any) -> Any:
+        # opentelemetry-instrument passes skip_dep_check=True; explicit callers normally don't.
+        if kwargs.get("skip_dep_check") and not kwargs.get("force") and not shim_enabled(self.shim_name):
+            return None
+        try:
+            return super().instrument(**kwargs)
+        except Exception:
+            logger.warning("railtrace: %s shim not enabled", self.shim_name, exc_info=True)
+            return None
+
+    def uninstrument(self, **kwargs: Any) -> Any:
+        try:
+            return super().uninstrument(**kwargs)
+        except Exception:
+            logger.warning("railtrace: %s shim not disabled cleanly", self.shim_name, exc_info=True)
+            return None

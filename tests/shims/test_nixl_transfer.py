@@ -83,3 +83,27 @@ def test_no_ucx_evidence_means_unknown(tmp_path: Path) -> None:
     [span] = kv_spans(result)
     assert span["attributes"][sc.KV_TRANSPORT] == "unknown"
     assert sc.KV_DEVICES not in span["attributes"]
+
+
+def test_vllm_connector_boundary_puts_kv_span_in_request_trace(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "RAILTRACE_", "NIXL_"))}
+    env.update({"UCX_NET_DEVICES": "lo", "RAILTRACE_UCX_LOG": str(tmp_path / "ucx.%p.log")})
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.shims.vllm_boundary"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RTRESULT "))
+    result = json.loads(line.split(" ", 1)[1])
+    assert result["verified"] is True
+    [span] = result["spans"]
+    a = span["attributes"]
+    assert span["parent_span_id"] == result["request_span_id"]  # from the request's trace headers
+    assert a[sc.KV_REQUEST_ID] == "cmpl-abc-0" and a[sc.KV_OPERATION] == "read"
+    assert a[sc.KV_REMOTE_ENGINE_ID] == "prefill-engine-7" and a[sc.KV_REMOTE_HOST] == "10.0.0.7"
+    assert a[sc.KV_BYTES] == 4 * 64 * 1024 and a[sc.KV_DESCRIPTORS] == 4  # from the prepped lists
+    assert a[sc.KV_TRANSPORT] == "shm" and a[sc.KV_DEVICES] == ["cma/memory"]

@@ -20,11 +20,10 @@ from typing import Any
 
 import wrapt
 from opentelemetry import context as otel_context
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import unwrap
 
 from railtrace_tracing import semconv as sc
-from railtrace_tracing._common import extract_context, logger
+from railtrace_tracing._common import GatedInstrumentor, extract_context, logger
 from railtrace_tracing.kv_transfer.recorder import KVTransferRecord, descriptor_bytes, start_kv_transfer
 from railtrace_tracing.kv_transfer.ucx_capture import UcxLogCapture
 
@@ -108,7 +107,7 @@ class _Pending:
     record: KVTransferRecord | None = None
 
 
-class NixlKVTransferInstrumentor(BaseInstrumentor):
+class NixlKVTransferInstrumentor(GatedInstrumentor):
     """OpenTelemetry instrumentor for NIXL transfers (entry point `railtrace_nixl`).
 
     `instrument(tracer_provider=None, capture_ucx_log=True, ucx_log_path=None, evidence_grace_s=1.0)`.
@@ -117,7 +116,12 @@ class NixlKVTransferInstrumentor(BaseInstrumentor):
     end time); `flush_deferred()` ends such spans at once.
     """
 
+    shim_name = "nixl"
+
     def __init__(self) -> None:
+        if getattr(self, "_railtrace_init", False):  # BaseInstrumentor is a singleton
+            return
+        self._railtrace_init = True
         super().__init__()
         self.capture = UcxLogCapture()
         self._tracer_provider: Any = None
@@ -126,6 +130,7 @@ class NixlKVTransferInstrumentor(BaseInstrumentor):
         self._telemetry_agents: set[int] = set()
         self._lock = threading.Lock()
         self._patched: list[Any] = []
+        self._active = False
         self._deferred: list[tuple[KVTransferRecord, str, str, int, float]] = []
         self._flusher: threading.Thread | None = None
         self._grace_s = 1.0
@@ -136,17 +141,22 @@ class NixlKVTransferInstrumentor(BaseInstrumentor):
     # -- lifecycle ----------------------------------------------------------------------
     def _instrument(self, **kwargs: Any) -> None:
         self._tracer_provider = kwargs.get("tracer_provider")
+        self._active = True
         self._grace_s = float(kwargs.get("evidence_grace_s", 1.0))
         if kwargs.get("capture_ucx_log", True):
             self.capture = UcxLogCapture(kwargs.get("ucx_log_path"))
             self.capture.configure()
         for modname in NIXL_MODULES:
             self._patch_when_imported(modname)
+        if kwargs.get("vllm_hook", True):
+            from railtrace_tracing.kv_transfer import vllm as vllm_hook
+
+            vllm_hook.install()
 
     def _patch_when_imported(self, modname: str) -> None:
         def hook(module: Any) -> None:
             cls = getattr(module, "nixl_agent", None)
-            if cls is None or cls in self._patched:
+            if cls is None or cls in self._patched or not self._active:
                 return
             for name in _METHODS:
                 wrapt.wrap_function_wrapper(cls, name, getattr(self, "_w_" + name.strip("_")))
@@ -160,6 +170,10 @@ class NixlKVTransferInstrumentor(BaseInstrumentor):
         hook(module)
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        from railtrace_tracing.kv_transfer import vllm as vllm_hook
+
+        vllm_hook.uninstall()
+        self._active = False
         for cls in self._patched:
             for name in _METHODS:
                 unwrap(cls, name)
