@@ -37,6 +37,9 @@ log = logging.getLogger("railtrace.topology.k8s")
 K8S_TOPOLOGY = "k8s"
 """The `--topology` value that selects the live cluster instead of files."""
 
+SOURCE_NAME = "kubernetes API"
+"""How objects from the live cluster are attributed in the model's `sources`."""
+
 RESOURCE_GROUP = "resource.k8s.io"
 # Newest first: the DRA API went GA as v1 in Kubernetes 1.34; v1beta2 (1.33) and v1beta1
 # (1.32) are what older clusters still serve.
@@ -46,7 +49,7 @@ DEFAULT_POD_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 class _Builder(Protocol):
-    def add_k8s_object(self, obj: dict[str, Any]) -> Any: ...
+    def add_k8s_object(self, obj: dict[str, Any], source: str = "") -> Any: ...
     def build(self) -> Any: ...
 
 
@@ -294,7 +297,7 @@ class KubernetesTopologySource:
             self._static_inputs(builder)
         for obj in objects:
             try:
-                builder.add_k8s_object(obj)
+                builder.add_k8s_object(obj, source=SOURCE_NAME)
             except Exception as exc:  # one odd object must not cost the rest of the cluster
                 meta = obj.get("metadata") or {}
                 log.warning(
@@ -549,10 +552,16 @@ def start_live_topology(
 ) -> KubernetesTopologySource | None:
     """Start a source for the service if `k8s` is among the topology paths; None otherwise.
 
-    The other paths (files, folders, `nvidia-smi topo -m` output) are added to every rebuilt
-    model through `static_inputs`, when the caller passes one.
+    The other paths (files, folders, `nvidia-smi topo -m` output, railtrace YAML) are read
+    again into every rebuilt model, so what the cluster does not publish -- GPU NUMA from
+    `nvidia-smi`, rails from a railtrace document -- is not lost when the cluster changes.
     """
     if not wants_live_topology(paths):
         return None
+    static = [p for p in paths if p != K8S_TOPOLOGY]
+    if static and "static_inputs" not in options:
+        from railtrace.topology.loaders import load_into
+
+        options["static_inputs"] = lambda builder: load_into(builder, static)
     api_client = load_api_client(kubeconfig or os.environ.get("RAILTRACE_KUBECONFIG"), context)
     return KubernetesTopologySource(holder, api_client, **options).start()

@@ -246,9 +246,9 @@ def _path_and_nic_flags(ctx: _Ctx, transport: str) -> str:
         source = "devices UCX used"
         for ln in rdma_lanes:
             rail = ln.nic.rail  # type: ignore[union-attr]
-            used_rails.add(rail)  # type: ignore[arg-type]
             if ln.share < ctx.cfg.cross_rail_min_share:
                 continue
+            used_rails.add(rail)  # type: ignore[arg-type]
             if expected_rails and rail not in expected_rails:
                 cross_evidence.append(
                     f"{ctx.kv_ref(sc.KV_DEVICES)} lane {ln.raw} ({ln.share:.0%} of bytes) is on rail {rail}; "

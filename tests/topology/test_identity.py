@@ -1,0 +1,58 @@
+"""Identity resolution: what spans name (host:port, pod, node, host.name, KV peer) mapped onto the model."""
+
+from __future__ import annotations
+
+from railtrace.model import Endpoint
+from railtrace.topology import TopologyBuilder, load_paths, resolve_address, resolve_endpoint
+from railtrace.topology.identity import resolve_engine, split_address
+from tests.verdicts.helpers import FLEET
+
+
+def test_split_address_forms() -> None:
+    assert split_address("10.0.0.1:8000") == ("10.0.0.1", 8000)
+    assert split_address("http://10.0.0.1:8000/v1/completions") == ("10.0.0.1", 8000)
+    assert split_address("[fd00::1]:8200") == ("fd00::1", 8200)
+    assert split_address("decode-b") == ("decode-b", None)
+
+
+def test_addresses_pod_names_dns_and_node_ips() -> None:
+    t = load_paths([FLEET])
+    assert resolve_address(t, "10.0.0.2:8000")[0].name == "decode-b"
+    assert resolve_address(t, "decode-c.llm-d.svc.cluster.local:8000")[0].name == "decode-c"
+    pod, node, note = resolve_address(t, "192.168.0.1:9000")
+    assert pod is None and node.name == "node-a" and "address of node" in note
+    assert resolve_address(t, "10.250.0.1:8000")[:2] == (None, None)
+    assert resolve_engine(t, "eng-p0").name == "prefill-0"
+
+
+def test_host_network_pods_told_apart_by_port() -> None:
+    b = TopologyBuilder()
+    for name, port in (("prefill-0", 8000), ("decode-0", 8200)):
+        b.add_k8s_object(
+            {
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": "llm-d"},
+                "spec": {
+                    "nodeName": "n1",
+                    "hostNetwork": True,
+                    "containers": [{"name": "vllm", "ports": [{"containerPort": port}]}],
+                },
+                "status": {"podIP": "192.168.7.7", "hostIP": "192.168.7.7"},
+            }
+        )
+    t = b.build()
+    assert resolve_address(t, "192.168.7.7:8200")[0].name == "decode-0"
+    pod, _node, note = resolve_address(t, "192.168.7.7")
+    assert pod is None and "2 pods share this IP" in note
+
+
+def test_endpoint_filled_from_allocation_and_pairing() -> None:
+    t = load_paths([FLEET])
+    ep, _ = resolve_endpoint(t, Endpoint(address="10.0.0.4:8000"))
+    assert (ep.pod, ep.node, ep.gpu, ep.nic, ep.rail) == ("decode-b1", "node-b", "gpu-1", "mlx5_1", "rail-1")
+    ep, _ = resolve_endpoint(t, Endpoint(host="decode-c"))  # host.name is the pod's hostname
+    assert (ep.pod, ep.node, ep.gpu) == ("decode-c", "node-c", "gpu-0")
+    ep, _ = resolve_endpoint(t, Endpoint(node="node-a"))  # node only: which GPU is not known
+    assert ep.gpu is None and ep.nic is None
+    ep, _ = resolve_endpoint(t, Endpoint(node="node-a"), local_gpu="cuda:1")
+    assert (ep.gpu, ep.nic, ep.rail) == ("gpu-1", "mlx5_1", "rail-1")
