@@ -367,6 +367,19 @@ CLIENT_ADDRESS = _attr("client.address", "string", "Client address.", origin="ot
 USER_AGENT = _attr("user_agent.original", "string", "User-Agent header.", origin="otel")
 NETWORK_PROTOCOL_VERSION = _attr("network.protocol.version", "string", "HTTP version.", origin="otel")
 
+# -- Set by railtrace's tier-2 Collector (collector_config/tier2-sampler.yaml) --------------
+SAMPLING_KEEP = _attr(
+    "llm_d.sampling.keep",
+    "string",
+    "Why the tier-2 collector keeps this span's trace whatever the baseline ratio.",
+    allowed=("kv_transport_tcp", "kv_transfer_error", "slow_kv_transfer", "slow_prefill"),
+)
+COLLECTOR_REPLICA = _attr(
+    "llm_d.tracing.collector.replica",
+    "string",
+    "Tier-2 collector replica that computed a span-metrics point (keeps replicas' series apart).",
+)
+
 # -- Resource attributes ----------------------------------------------------------------
 RES_SERVICE_NAME = _attr("service.name", "string", "Service name.", origin="otel")
 RES_POD = _attr("k8s.pod.name", "string", "Pod name.", origin="otel")
