@@ -48,8 +48,11 @@ PCIE_ROOT_ATTR = "resource.kubernetes.io/pcieRoot"
 NUMA_ATTR = "dra.net/numaNode"
 GPU_NUMA_SOURCES = "GPU NUMA (nvidia-smi topo -m or railtrace topology)"
 RAIL_ATTRS = "rail or network (gce.dra.net/networkName, railtrace topology rail)"
-BLOCK_LABEL = "cloud.google.com/gce-topology-block"
-SUBBLOCK_LABEL = "cloud.google.com/gce-topology-subblock"
+BLOCK_LABEL = "cloud.google.com/gce-topology-block (EKS: topology.k8s.aws/network-node-layer-3)"
+SUBBLOCK_LABEL = (
+    "cloud.google.com/gce-topology-subblock (or an NVLink domain: nvidia.com/gpu.clique, "
+    "topology.k8s.aws/ultraserver-id)"
+)
 HOST_LABEL = "cloud.google.com/gce-topology-host"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
@@ -262,7 +265,7 @@ def _discovered_node(topology: Topology, name: str, config: ContractConfig) -> O
         missing_labels = []
         if not node.block:
             missing_labels.append(BLOCK_LABEL)
-        if not node.subblock:
+        if not (node.subblock or node.nvlink_domain):  # an NVLink clique is subblock-sized
             missing_labels.append(SUBBLOCK_LABEL)
         if not (node.host or labels.get(HOSTNAME_LABEL)):
             missing_labels.append(HOST_LABEL)
