@@ -7,7 +7,7 @@ share a normalised request key are joined into one group here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from railtrace.model import Span
 from railtrace.normalize import normalize_span, span_request_keys
@@ -68,18 +68,77 @@ class _UnionFind:
             self.parent[high] = low
 
 
+ANCHOR_NAMES = frozenset({"gateway.request"})
+SIDECAR_TOP_NAMES = frozenset({"forward_request"})
+
+
+def _is_sidecar_top(span: Span) -> bool:
+    return span.canonical_name in SIDECAR_TOP_NAMES or (
+        span.role == "proxy" and span.canonical_name.startswith("llm_d.pd_proxy.")
+    )
+
+
+def _units(spans: Sequence[Span]) -> dict[tuple[str, str], str]:
+    """Unit of each span: its trace, split per request when one trace holds several.
+
+    A load generator or client that wraps many requests in one trace yields several
+    `gateway.request` (or sidecar) roots in it; each one and the spans beneath it is one
+    request. Spans under no anchor stay with the trace's only anchor, or on their own.
+    """
+    by_trace: dict[str, list[Span]] = {}
+    for span in spans:
+        by_trace.setdefault(span.trace_id, []).append(span)
+    unit: dict[tuple[str, str], str] = {}
+    for trace_id, members in by_trace.items():
+        index = {s.span_id: s for s in members}
+        anchors = {s.span_id for s in members if s.canonical_name in ANCHOR_NAMES}
+        if not anchors:
+            anchors = {
+                s.span_id
+                for s in members
+                if _is_sidecar_top(s) and not _has_ancestor(s, index, _is_sidecar_top)
+            }
+        for span in members:
+            owner = None
+            if len(anchors) > 1:
+                owner = span.span_id if span.span_id in anchors else _nearest(span, index, anchors)
+            unit[(trace_id, span.span_id)] = f"{trace_id}/{owner}" if owner else trace_id
+    return unit
+
+
+def _walk(span: Span, index: dict[str, Span]) -> Iterable[Span]:
+    seen = {span.span_id}
+    current = index.get(span.parent_span_id or "")
+    while current is not None and current.span_id not in seen:
+        seen.add(current.span_id)
+        yield current
+        current = index.get(current.parent_span_id or "")
+
+
+def _has_ancestor(span: Span, index: dict[str, Span], test: Callable[[Span], bool]) -> bool:
+    return any(test(a) for a in _walk(span, index))
+
+
+def _nearest(span: Span, index: dict[str, Span], anchors: set[str]) -> str | None:
+    return next((a.span_id for a in _walk(span, index) if a.span_id in anchors), None)
+
+
 def group(spans: Sequence[Span]) -> list[list[Span]]:
-    """Normalise, then split into groups: whole traces, joined when they share a request key."""
+    """Normalise, then split into groups: whole traces (or one request of a trace holding
+    several), joined when they share a request key."""
+    for span in spans:
+        normalize_span(span)
+    units = _units(spans)
     uf = _UnionFind()
     owner: dict[str, str] = {}
     for span in spans:
-        normalize_span(span)
-        uf.find(span.trace_id)
+        unit = units[(span.trace_id, span.span_id)]
+        uf.find(unit)
         for key in span_request_keys(span):
-            held = owner.setdefault(key, span.trace_id)
-            if held != span.trace_id:
-                uf.union(held, span.trace_id)
+            held = owner.setdefault(key, unit)
+            if held != unit:
+                uf.union(held, unit)
     groups: dict[str, list[Span]] = {}
     for span in spans:
-        groups.setdefault(uf.find(span.trace_id), []).append(span)
+        groups.setdefault(uf.find(units[(span.trace_id, span.span_id)]), []).append(span)
     return [groups[k] for k in sorted(groups)]

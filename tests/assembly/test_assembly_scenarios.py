@@ -165,3 +165,39 @@ def test_request_keys_join_sidecar_header_and_vllm_ids() -> None:
 def test_assemble_returns_nothing_for_nothing() -> None:
     assert assemble([]) == []
     assert assemble([None, "span", 3]) == []  # type: ignore[list-item]
+
+
+def _flip(span_id: str) -> str:
+    return format(int(span_id, 16) ^ (2**64 - 1), "016x")
+
+
+def test_one_client_trace_holding_two_requests_gives_two_facts() -> None:
+    """A load generator that wraps its requests in one trace: each gateway.request is one request."""
+    first = load_spans("pd-capture-current")
+    second = copy.deepcopy(first)
+    trace_id = first[0].trace_id
+    for span in second:
+        span.span_id = _flip(span.span_id)
+        span.parent_span_id = _flip(span.parent_span_id) if span.parent_span_id else None
+        for key in ("llm_d.pd_proxy.request_id", "gen_ai.request.id"):
+            if isinstance(span.attributes.get(key), str):
+                value = span.attributes[key].replace("3f2b8c1e", "44444444")
+                span.attributes[key] = value.replace("c0ffee00", "55555555")
+    client = copy.deepcopy(first[0])
+    client.name, client.span_id, client.parent_span_id, client.service_name = (
+        "benchmark run",
+        "0123456789abcdef",
+        None,
+        "loadgen",
+    )
+    client.attributes = {}
+    for span in first + second:
+        if span.name == "gateway.request":
+            span.parent_span_id = client.span_id
+    facts = assemble([client, *first, *second])
+    assert len(facts) == 2
+    assert {f.request_id for f in facts} == {
+        "3f2b8c1e-9a4d-4e7b-8c2f-5d1a6b7e9c01",
+        "44444444-9a4d-4e7b-8c2f-5d1a6b7e9c01",
+    }
+    assert [(f.span_count, f.trace_id, f.flags) for f in facts] == [(25, trace_id, [])] * 2
