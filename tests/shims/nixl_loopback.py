@@ -75,7 +75,7 @@ def initiator_main(args: argparse.Namespace) -> int:
     exporter = InMemorySpanExporter()
     provider = TracerProvider(
         resource=Resource.create(
-            {"service.name": "vllm-decode", "k8s.pod.name": "decode-0", "k8s.node.name": args.node}
+            {"service.name": "vllm-decode", "k8s.pod.name": args.pod, "k8s.node.name": args.node}
         )
     )
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -131,7 +131,9 @@ def initiator_main(args: argparse.Namespace) -> int:
                 }
                 t0 = time.perf_counter_ns()
                 c0 = time.process_time_ns()
-                with kv_transfer_scope(f"req-{i}", kv_transfer_params=params, local_gpu="GPU0"):
+                with kv_transfer_scope(
+                    f"{args.request_prefix}{i}", kv_transfer_params=params, local_gpu="GPU0"
+                ):
                     handle = agent.initialize_xfer(args.op, local, remote, peer, b"done")
                     state = agent.transfer(handle)
                     deadline = time.monotonic() + 30
@@ -183,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out")
     p.add_argument("--otlp-url")
     p.add_argument("--node", default="node-a")
+    p.add_argument("--pod", default="decode-0")
+    p.add_argument("--request-prefix", default="req-")
     p.add_argument("--uninstrumented", action="store_true")
     args = p.parse_args(argv)
     if args.role == "target":

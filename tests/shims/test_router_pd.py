@@ -71,14 +71,17 @@ def test_pd_proxy_decode_is_child_of_prefill_with_rollups(otel) -> None:
     rec = PDProxyRecorder(provider)
     t0 = 1_700_000_000_000_000_000
     incoming = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
-    with rec.request(
-        "POST",
-        "/v1/chat/completions",
-        headers=incoming,
-        request_id="pd-1",
-        start_time_ns=t0,
-        end_time_ns=t0 + 500 * MS,
-    ) as req, req.prefill("10.0.0.7:8000", start_time_ns=t0 + 1 * MS, end_time_ns=t0 + 51 * MS) as p:
+    with (
+        rec.request(
+            "POST",
+            "/v1/chat/completions",
+            headers=incoming,
+            request_id="pd-1",
+            start_time_ns=t0,
+            end_time_ns=t0 + 500 * MS,
+        ) as req,
+        req.prefill("10.0.0.7:8000", start_time_ns=t0 + 1 * MS, end_time_ns=t0 + 51 * MS) as p,
+    ):
         p.status_code = 200
         with req.decode("10.0.1.5:8000", start_time_ns=t0 + 52 * MS, end_time_ns=t0 + 499 * MS) as d:
             hdrs = d.headers()

@@ -1,0 +1,127 @@
+"""End to end: real NIXL loopback transfers → KV shim → OTLP/HTTP → a running railtrace service."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from railtrace_tracing import semconv as sc
+
+try:
+    import nixl_cu12._api  # noqa: F401
+
+    HAVE_NIXL = True
+except Exception:
+    HAVE_NIXL = False
+
+pytestmark = [pytest.mark.nixl, pytest.mark.skipif(not HAVE_NIXL, reason="nixl_cu12 not importable")]
+ROOT = Path(__file__).resolve().parents[2]
+
+TOPOLOGY = """\
+apiVersion: railtrace.io/v1alpha1
+kind: Topology
+nodes:
+- name: node-p
+  zone: z1
+  block: b1
+  subblock: s1
+  machineType: a3-ultragpu-8g
+  gpus: [{name: gpu-0, index: 0, pcieRoot: "pci0000:10", numa: 0}]
+  nics: [{name: mlx5_0, pcieRoot: "pci0000:10", numa: 0, rail: rail-0}]
+- name: node-d
+  zone: z1
+  block: b1
+  subblock: s1
+  machineType: a3-ultragpu-8g
+  gpus: [{name: gpu-0, index: 0, pcieRoot: "pci0000:10", numa: 0}]
+  nics: [{name: mlx5_0, pcieRoot: "pci0000:10", numa: 0, rail: rail-0}]
+pods:
+- {name: prefill-0, node: node-p, ip: 10.0.0.7, port: 8000, role: prefill, gpus: [gpu-0], nics: [mlx5_0],
+   engineId: prefill-engine-7}
+- {name: decode-0, node: node-d, ip: 10.0.1.5, port: 8000, role: decode, gpus: [gpu-0], nics: [mlx5_0]}
+"""
+
+
+def _service(tmp_path: Path) -> Any:
+    from railtrace.server.runner import Service
+    from railtrace.settings import Settings
+
+    topo = tmp_path / "topology.yaml"
+    topo.write_text(TOPOLOGY)
+    settings = Settings(
+        db=f"sqlite:///{tmp_path / 'rt.db'}", topology=[str(topo)], port=0, grpc_port=0, quiet_period_s=0.3
+    )
+    return Service(settings)
+
+
+def _loopback(tmp_path: Path, url: str, op: str, tls: str | None) -> dict[str, Any]:
+    out = tmp_path / f"{op}-{tls}.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "RAILTRACE_", "NIXL_", "OTEL_"))}
+    env.update({"UCX_NET_DEVICES": "lo", "RAILTRACE_UCX_LOG": str(tmp_path / "ucx.%p.log")})
+    if tls:
+        env["UCX_TLS"] = tls
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.shims.nixl_loopback",
+            "--op",
+            op,
+            "--out",
+            str(out),
+            "--otlp-url",
+            url,
+            "--node",
+            "node-d",
+            "--pod",
+            "decode-0",
+            "--request-prefix",
+            f"{op}-{tls}-",
+        ],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
+    return json.loads(out.read_text())
+
+
+def _summary(client: httpx.Client, trace_id: str, want: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 30
+    last: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        r = client.get(f"/api/v1/requests/{trace_id}")
+        if r.status_code == 200:
+            last = r.json()
+            if (last.get("kv_transfer") or {}).get("transport") == want:
+                return last
+        time.sleep(0.2)
+    raise AssertionError(f"no summary with transport {want} for {trace_id}: {last}")
+
+
+def test_tcp_run_is_flagged_and_cma_run_is_not(tmp_path: Path) -> None:
+    with _service(tmp_path) as svc, httpx.Client(base_url=svc.http_url, timeout=10) as client:
+        tcp = _loopback(tmp_path, svc.http_url, "WRITE", "tcp")
+        shm = _loopback(tmp_path, svc.http_url, "READ", None)
+        [tcp_span] = [s for s in tcp["spans"] if s["name"] == sc.SPAN_KV_TRANSFER]
+        [shm_span] = [s for s in shm["spans"] if s["name"] == sc.SPAN_KV_TRANSFER]
+
+        stored = client.get(f"/api/v1/traces/{tcp_span['trace_id']}").json()
+        assert any(sp.get("name") == sc.SPAN_KV_TRANSFER for sp in stored["spans"])
+
+        s_tcp = _summary(client, tcp_span["trace_id"], "tcp")
+        assert s_tcp["kv_transfer"]["bytes"] == 1 << 20, s_tcp
+        flags = {f["name"] for f in s_tcp["flags"]}
+        assert "tcp_fallback" in flags, s_tcp
+
+        s_shm = _summary(client, shm_span["trace_id"], "shm")
+        assert "tcp_fallback" not in {f["name"] for f in s_shm["flags"]}
