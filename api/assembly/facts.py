@@ -167,6 +167,7 @@ class _Request:
         for span in engines:
             leg, basis = _engine_leg(span, self.trees)
             if leg in (PREFILL, DECODE):
+                span.role = leg  # the parent chain may know better than the span alone
                 if leg not in self.engine:
                     self.engine[leg] = span
                     self.engine_basis[leg] = basis
@@ -175,11 +176,14 @@ class _Request:
                 unknown.append(span)
         unknown.sort(key=lambda s: (s.end_ns - s.start_ns, s.span_id))
         if len(unknown) >= 2 and PREFILL not in self.engine:
-            self.engine[PREFILL] = unknown.pop(0)
+            span = unknown.pop(0)
+            span.role = PREFILL
+            self.engine[PREFILL] = span
             self.engine_basis[PREFILL] = "shorter of two unlabelled llm_request spans"
         for span in unknown:
             for leg in (DECODE, PREFILL):
                 if leg not in self.engine:
+                    span.role = leg
                     self.engine[leg] = span
                     self.engine_basis[leg] = "only unlabelled llm_request"
                     break

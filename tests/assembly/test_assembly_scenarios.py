@@ -201,3 +201,15 @@ def test_one_client_trace_holding_two_requests_gives_two_facts() -> None:
         "44444444-9a4d-4e7b-8c2f-5d1a6b7e9c01",
     }
     assert [(f.span_count, f.trace_id, f.flags) for f in facts] == [(25, trace_id, [])] * 2
+
+
+def test_committed_fixtures_match_their_builder() -> None:
+    """`python tests/fixtures/traces/build.py` rewrites them; a stale file fails here."""
+    from tests.fixtures.otlp_fixtures import TRACES_DIR
+    from tests.fixtures.traces.build import render
+
+    rendered = render()
+    assert sorted(rendered) == SCENARIOS
+    for name, (trace, expected) in rendered.items():
+        assert (TRACES_DIR / f"{name}.json").read_text() == trace, name
+        assert (TRACES_DIR / f"{name}.expected.json").read_text() == expected, name
