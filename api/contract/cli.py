@@ -28,11 +28,13 @@ def contract_command(args: argparse.Namespace) -> int:
         return 2
     try:
         from railtrace.topology import TopologyError, load_paths
+        from railtrace.topology.model import Topology
     except ImportError as exc:  # pragma: no cover - a broken install
         print(f"railtrace contract: topology support unavailable ({exc})", file=sys.stderr)
         return 2
     try:
-        topology = load_paths(paths)
+        # Traffic alone still judges verified and consumed; discovered/preserved stay unknown.
+        topology = load_paths(paths) if paths else Topology()
     except TopologyError as exc:
         print(f"railtrace contract: {exc}", file=sys.stderr)
         return 2
@@ -52,10 +54,14 @@ def contract_command(args: argparse.Namespace) -> int:
             print(f"railtrace contract: cannot read requests from {db}: {exc}", file=sys.stderr)
             return 2
     report = audit(topology, summaries, config)
-    if getattr(args, "json", False):
-        sys.stdout.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
-    else:
-        print_table(report, sys.stdout)
+    try:
+        if getattr(args, "json", False):
+            sys.stdout.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
+        else:
+            print_table(report, sys.stdout)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `railtrace contract | head`
+        sys.stderr.close()
     return 1 if any(v["status"] == BROKEN for v in report.fleet.obligations.values()) else 0
 
 
@@ -111,18 +117,18 @@ def print_table(report: ContractReport, out: TextIO) -> None:
             if report.mode == "offline" and o in ("verified", "consumed"):
                 continue  # said once below, not per pod
             lines.append(f"{s.kind} {s.key} {o} {_MARK[res.status]}: {res.summary}")
-            for e in res.evidence[:8]:
+            for e in res.evidence[:3]:
                 if e.message == res.summary and not e.missing and not e.link:
                     continue  # already said on the line above
                 miss = f" [missing: {', '.join(e.missing)}]" if e.missing else ""
                 link = f" -> {e.link}" if e.link else ""
                 lines.append(f"    {e.object}: {e.message}{miss}{link}")
-            if len(res.evidence) > 8:
-                lines.append(f"    … {len(res.evidence) - 8} more (see --json)")
+            if len(res.evidence) > 3:
+                lines.append(f"    … {len(res.evidence) - 3} more (see --json)")
     for name, res in sorted(report.node_findings.items()):
         if res.status != "ok" and not any(s.node == name for s in subjects):
             lines.append(f"node {name} discovered {_MARK[res.status]}: {res.summary}")
-            for e in res.evidence[:8]:
+            for e in res.evidence[:3]:
                 miss = f" [missing: {', '.join(e.missing)}]" if e.missing else ""
                 lines.append(f"    {e.object}: {e.message}{miss}")
     if lines:

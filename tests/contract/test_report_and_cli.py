@@ -159,3 +159,12 @@ def test_cli_reads_recent_requests_from_the_store(tmp_path: Path, capsys: pytest
     untouched = next(p for p in fleet.pods if p.name not in (prefill.name, decode.name))
     assert by_name[untouched.name]["obligations"]["verified"]["status"] == UNKNOWN
     assert datetime.fromisoformat(doc["generated_at"].replace("Z", "+00:00")).tzinfo is UTC
+
+    # Traffic alone: verified is still judged; what needs the topology stays unknown.
+    assert main(["contract", "--db", url, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    by_name = {p["name"]: p for p in doc["pods"]}
+    assert set(by_name) == {prefill.name, decode.name}
+    assert by_name[decode.name]["obligations"]["verified"]["status"] == BROKEN
+    assert by_name[decode.name]["obligations"]["discovered"]["status"] == UNKNOWN
+    assert by_name[decode.name]["obligations"]["preserved"]["status"] == UNKNOWN
