@@ -24,12 +24,12 @@ from typing import Any
 import httpx
 
 from railtrace.simulator import scenarios as scen
-from railtrace.simulator.emit import GENERATIONS, Emitter, Processes, otlp_http_exporter
+from railtrace.simulator.emit import GENERATIONS, NAMES, Emitter, Processes, otlp_http_exporter
 from railtrace.simulator.engine import SimRequest, simulate
 from railtrace.simulator.fleet import SHAPES, Fleet, build_fleet
 from railtrace_tracing.semconv import FlagName, PathClass
 
-WORST = 5
+WORST = 6
 
 
 def _say(msg: str) -> None:
@@ -105,6 +105,7 @@ def run_demo(
     as_json: bool = False,
     print_report: bool = True,
     quiet_period_s: float = 1.0,
+    include_requests: bool = False,
 ) -> dict[str, Any]:
     """Run the whole demo and return the report (also printed unless `print_report` is False)."""
     from railtrace.server.runner import Service
@@ -120,6 +121,10 @@ def run_demo(
         f"objects in {topo_dir}"
     )
     sim = simulate(fleet, chosen, requests, seed)
+    if not NAMES[generation].sidecar_injects:
+        # That generation's sidecar does not propagate context: every request is split.
+        for r in sim:
+            r.expected_flags.add(FlagName.BROKEN_TRACE)
     settings = Settings(
         db=db or f"sqlite:///{workdir / 'railtrace.db'}",
         topology=[str(topo_dir)],
@@ -145,11 +150,25 @@ def run_demo(
         report = build_report(
             fleet, sim, summaries, svc.http_url, generation, seed, time.monotonic() - started
         )
+        if include_requests:
+            report["requests_detail"] = [_detail(r, summaries.get(r.request_id) or {}) for r in sim]
         if print_report:
             print(json.dumps(report, indent=2) if as_json else format_report(report), flush=True)
         if keep_serving:
             _serve_until_interrupted(svc.http_url, svc.grpc_endpoint, workdir)
     return report
+
+
+def _detail(r: SimRequest, summary: dict[str, Any]) -> dict[str, Any]:
+    """One request's injected faults (ground truth) next to what the service reported."""
+    return {
+        "request_id": r.request_id,
+        "scenario": r.scenario,
+        "injected": sorted(r.expected_flags),
+        "flags": sorted({f["name"] for f in summary.get("flags", [])}),
+        "trace_id": summary.get("trace_id"),
+        "path_class": (summary.get("kv_transfer") or {}).get("path_class"),
+    }
 
 
 def _serve_until_interrupted(http_url: str, grpc: str, workdir: Path) -> None:
@@ -257,7 +276,7 @@ def build_report(
         ((s.get("kv_transfer") or {}).get("path_class") or PathClass.UNKNOWN) for s in summaries.values()
     )
     scenarios: list[dict[str, Any]] = []
-    for name in dict.fromkeys(r.scenario for r in sim):
+    for name in sorted({r.scenario for r in sim}, key=list(scen.SCENARIOS).index):
         rs = [r for r in sim if r.scenario == name]
         ttfts = [
             summaries[r.request_id]["ttft_s"]
@@ -318,10 +337,14 @@ def build_report(
             1 for r in tcp if FlagName.TCP_FALLBACK in flags_of.get(r.request_id, set())
         ),
     }
-    worst = sorted(
+    # The worst request of each distinct set of flags, worst first (timeouts have no TTFT).
+    by_flags: dict[frozenset[str], dict[str, Any]] = {}
+    for s_ in sorted(
         (s for s in summaries.values() if s.get("flags")),
         key=lambda s: (-(s.get("ttft_s") if s.get("ttft_s") is not None else 1e9), s.get("trace_id", "")),
-    )[:WORST]
+    ):
+        by_flags.setdefault(frozenset(f["name"] for f in s_["flags"]), s_)
+    worst = list(by_flags.values())[:WORST]
     worst_out = [
         {
             "trace_id": s["trace_id"],

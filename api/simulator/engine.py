@@ -13,13 +13,20 @@ from dataclasses import dataclass, field
 
 from railtrace.simulator.fleet import Fleet, Pod
 from railtrace.simulator.router import LEVEL_RANK as _LEVEL_RANK
-from railtrace.simulator.router import Pick, Router, level
+from railtrace.simulator.router import Pick, Router, comparable, level
 from railtrace.simulator.scenarios import Scenario
 from railtrace.simulator.timing import TimingModel
+from railtrace.verdicts.config import DEFAULT_EXPECTED_BANDWIDTH, VerdictConfig
 from railtrace_tracing.semconv import FlagName, PathClass, TopologyLevel, Transport
 
 PREFIX_GROUPS = 8
-BLIND_TOLERANCE = 0.05  # router scores this close are comparable (Settings.score_tolerance)
+# Ground truth uses the verdicts' own yardsticks (score tolerance, slow fraction, bandwidth
+# a healthy path of each class should give), so "expected flags" mean the same thing.
+_VERDICT = VerdictConfig()
+BLIND_TOLERANCE = _VERDICT.score_tolerance
+SLOW_FRACTION = _VERDICT.slow_fraction
+SLOW_MIN_BYTES = _VERDICT.slow_min_bytes
+EXPECTED_BANDWIDTH = DEFAULT_EXPECTED_BANDWIDTH
 CROSS_RAIL_SPLIT = (0.72, 0.28)  # the two-rail split seen on GB200 (ai-dynamo/nixl#1240)
 
 
@@ -149,7 +156,7 @@ def _run_pool(fleet: Fleet, sc: Scenario, n: int, seed: int, timing: TimingModel
             r.transport, r.path_class = Transport.NVLINK, PathClass.NVLINK
         elif not dc.rdma_ok:
             r.transport, r.path_class = Transport.TCP, PathClass.TCP
-        elif sc.second_rail:
+        elif sc.second_rail or not dc.aligned:
             r.path_class = PathClass.RDMA_CROSS_RAIL
         r.devices = _lanes(dc, r.transport)
         r.split = list(CROSS_RAIL_SPLIT) if len(r.devices) == 2 else [1.0]
@@ -215,8 +222,12 @@ def _expected_flags(r: SimRequest, sc: Scenario, nvlink_scope: str) -> set[str]:
         flags.add(FlagName.TCP_FALLBACK)
     if r.failed and r.kv_ran:
         flags.add(FlagName.KV_TRANSFER_FAILED)
-    if r.transport == Transport.RDMA and not r.decode.aligned:
+    if not r.decode.aligned:
+        # The claim itself pairs the GPU with another GPU's NIC (judged even over NVLink); an
+        # RDMA transfer through that NIC runs on the other GPU's rail as well.
         flags.add(FlagName.GPU_NIC_MISMATCH)
+        if r.transport == Transport.RDMA:
+            flags.add(FlagName.CROSS_RAIL)
     if r.transport == Transport.RDMA and len(r.devices) > 1:
         flags.add(FlagName.CROSS_RAIL)
     if sc.sidecar != "current":
@@ -224,6 +235,12 @@ def _expected_flags(r: SimRequest, sc: Scenario, nvlink_scope: str) -> set[str]:
     chosen = next(c for c in r.decode_pick.candidates if c.pod is r.decode)
     for c in r.decode_pick.candidates:
         closer = _LEVEL_RANK[level(r.prefill, c.pod, nvlink_scope)] < _LEVEL_RANK[r.level]
-        if closer and abs(c.total - chosen.total) <= BLIND_TOLERANCE:
+        if closer and comparable(c.total, chosen.total, BLIND_TOLERANCE):
             flags.add(FlagName.TOPOLOGY_BLIND_PAIRING)
+    # Slow by the same yardstick the verdicts use: contention and far paths can get there.
+    expected = EXPECTED_BANDWIDTH.get(r.path_class)
+    duration = r.kv_end - r.kv_start
+    judged = r.kv_ran and not r.failed and expected and r.kv_bytes >= SLOW_MIN_BYTES and duration > 0
+    if judged and r.kv_bytes / duration < SLOW_FRACTION * expected:
+        flags.add(FlagName.SLOW_KV_TRANSFER)
     return flags

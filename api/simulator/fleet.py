@@ -96,7 +96,7 @@ SHAPES: dict[str, Shape] = {
         "arm64",
         4,
         4,
-        "gpu",
+        "pci",  # dranet pci-* names: no name hint, so pairing falls back to NUMA
         False,
         "subblock",
         4,
@@ -215,6 +215,9 @@ class Fleet:
             doc = {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items}
             path.write_text(yaml.safe_dump(doc, sort_keys=False))
             paths.append(path)
+        path = out / "railtrace-topology.yaml"
+        path.write_text(yaml.safe_dump(railtrace_doc(self), sort_keys=False))
+        paths.append(path)
         return paths
 
 
@@ -657,4 +660,22 @@ def _claim_obj(shape: Shape, pod: Pod) -> dict[str, Any]:
             },
             "reservedFor": [{"resource": "pods", "name": pod.name, "uid": pod.uid}],
         },
+    }
+
+
+def railtrace_doc(fleet: Fleet) -> dict[str, Any]:
+    """railtrace's own topology YAML (docs/topology.md) for what the cluster does not publish:
+    GPU NUMA nodes (the NVIDIA DRA driver has no NUMA attribute for full GPUs) and the vLLM
+    engine id of each pod (what KV spans name as `remote.engine_id`)."""
+    return {
+        "apiVersion": "railtrace.io/v1alpha1",
+        "kind": "Topology",
+        "nodes": [
+            {"name": n.name, "gpus": [{"name": g.name, "numa": g.numa} for g in n.gpus]} for n in fleet.nodes
+        ],
+        "pods": [
+            {"name": p.name, "namespace": NAMESPACE, "node": p.node.name, "ip": p.ip, "port": VLLM_PORT,
+             "role": p.role, "engineId": p.engine_id}
+            for p in fleet.pods
+        ],
     }

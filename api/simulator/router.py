@@ -45,6 +45,11 @@ LEVEL_RANK: dict[str, int] = {
 }
 
 
+def comparable(score: float, chosen: float, tolerance: float) -> bool:
+    """Whether a candidate's score counts as comparable to the chosen one (as the verdicts judge)."""
+    return score >= chosen - tolerance * max(1.0, abs(chosen)) - 1e-9
+
+
 def level(a: Pod, b: Pod, nvlink_scope: str) -> str:
     """Topology distance between the hosts of two pods, nearest first."""
     if a.node is b.node:
@@ -114,7 +119,7 @@ class Router:
                 near = [
                     s
                     for s in scored
-                    if rank(s) < rank(chosen) and abs(s.total - chosen.total) <= self.tolerance
+                    if rank(s) < rank(chosen) and comparable(s.total, chosen.total, self.tolerance)
                 ]
                 if not near:
                     break
