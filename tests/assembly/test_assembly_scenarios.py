@@ -213,3 +213,38 @@ def test_committed_fixtures_match_their_builder() -> None:
     for name, (trace, expected) in rendered.items():
         assert (TRACES_DIR / f"{name}.json").read_text() == trace, name
         assert (TRACES_DIR / f"{name}.expected.json").read_text() == expected, name
+
+
+def test_kv_facts_from_several_transfer_spans_and_a_failure() -> None:
+    """Per-rank transfers of one request add up; any TCP lane makes the request TCP; an error
+    on any of them is the request's KV error."""
+    spans = load_spans("pd-rdma-happy-path")
+    (kv,) = [s for s in spans if s.name == "llm_d.kv_transfer"]
+    second = copy.deepcopy(kv)
+    second.span_id = _flip(kv.span_id)
+    second.start_ns, second.end_ns = kv.start_ns + 1_000_000, kv.end_ns + 2_000_000
+    second.attributes.update(
+        {
+            "llm_d.kv_transfer.transport": "tcp",
+            "llm_d.kv_transfer.devices": ["tcp/eth0"],
+            "error.type": "NIXL_ERR",
+        }
+    )
+    second.status_code = 2
+    (facts,) = assemble([*spans, second])
+    assert facts.kv is not None
+    assert facts.kv.transport == "tcp"
+    assert facts.kv.bytes == 2 * 48_234_496
+    assert facts.kv.devices == ["rc_mlx5/mlx5_3:1", "tcp/eth0"]
+    assert facts.kv.error_type == "NIXL_ERR"
+    assert facts.kv.duration_s == pytest.approx(0.0066 + 0.002)  # one process: first start to last end
+    assert facts.breakdown_s["decode_queue"] == pytest.approx(0.0331 - 0.0086)
+
+
+def test_kv_span_longer_than_the_queue_clamps_and_says_so() -> None:
+    spans = load_spans("pd-rdma-happy-path")
+    (kv,) = [s for s in spans if s.name == "llm_d.kv_transfer"]
+    kv.end_ns = kv.start_ns + 500_000_000  # 0.5 s, more than the 0.0331 s vLLM queued
+    (facts,) = assemble(spans)
+    assert facts.breakdown_s["decode_queue"] == 0.0
+    assert "clamped" in facts.timing_sources["decode_queue"]
