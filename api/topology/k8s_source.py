@@ -292,17 +292,43 @@ class KubernetesTopologySource:
     # -- model ----------------------------------------------------------------------------
 
     def _build(self, objects: Iterable[dict[str, Any]]) -> Any:
-        builder = self._builder_factory()
-        if self._static_inputs is not None:
-            self._static_inputs(builder)
+        """The model of these objects; an object the builder chokes on is left out, not fatal.
+
+        One malformed object from the cluster (a driver publishing an odd slice) must not
+        freeze the model for every other node, so when the full build fails each object is
+        tried alone and the ones that fail alone are skipped with a warning.
+        """
+        objects = list(objects)
+        try:
+            return self._build_from(objects, with_static=True)
+        except Exception as exc:
+            log.warning(
+                "topology build failed (%s: %s); isolating the object that breaks it", type(exc).__name__, exc
+            )
+        good = []
         for obj in objects:
             try:
-                builder.add_k8s_object(obj, source=SOURCE_NAME)
-            except Exception as exc:  # one odd object must not cost the rest of the cluster
+                self._build_from([obj], with_static=False)
+            except Exception as exc:
                 meta = obj.get("metadata") or {}
                 log.warning(
-                    "skipping %s %s/%s: %s", obj.get("kind"), meta.get("namespace", ""), meta.get("name"), exc
+                    "skipping %s %s/%s: %s: %s",
+                    obj.get("kind"),
+                    meta.get("namespace") or "",
+                    meta.get("name"),
+                    type(exc).__name__,
+                    exc,
                 )
+                continue
+            good.append(obj)
+        return self._build_from(good, with_static=True)
+
+    def _build_from(self, objects: list[dict[str, Any]], *, with_static: bool) -> Any:
+        builder = self._builder_factory()
+        if with_static and self._static_inputs is not None:
+            self._static_inputs(builder)
+        for obj in objects:
+            builder.add_k8s_object(obj, source=SOURCE_NAME)
         return builder.build()
 
     def _run_rebuild(self) -> None:
