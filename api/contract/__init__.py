@@ -5,7 +5,7 @@
 """
 
 from railtrace.contract.audit import ContractConfig, audit, summary_dict
-from railtrace.contract.online import audit_store, recent_summaries
+from railtrace.contract.online import ContractCache, audit_store, recent_summaries
 from railtrace.contract.report import (
     OBLIGATIONS,
     STATUSES,
@@ -22,6 +22,7 @@ from railtrace.contract.report import (
 __all__ = [
     "OBLIGATIONS",
     "STATUSES",
+    "ContractCache",
     "ContractConfig",
     "ContractReport",
     "Evidence",

@@ -6,8 +6,9 @@ keyset pages), bounded so one audit stays cheap on a busy store.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -46,3 +47,36 @@ def audit_store(
     """The online audit: the topology plus the store's recent request summaries."""
     config = config or ContractConfig()
     return audit(topology, list(recent_summaries(store, config.window_s)), config, now)
+
+
+class ContractCache:
+    """One shared report for the REST route and the /metrics gauge, recomputed at most every `max_age_s`.
+
+    A scrape and an API call arriving together must not each read the whole window from the
+    store; a new topology (the holder swaps the object on reload) invalidates the cache.
+    """
+
+    def __init__(
+        self,
+        config: ContractConfig | None = None,
+        max_age_s: float = 15.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config or ContractConfig()
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._report: ContractReport | None = None
+        self._topology_id: int | None = None
+        self._at = 0.0
+
+    def get(self, topology: Topology, store: Any) -> ContractReport:
+        with self._lock:
+            now = self._clock()
+            fresh = self._report is not None and now - self._at < self.max_age_s
+            if fresh and self._topology_id == id(topology):
+                return self._report  # type: ignore[return-value]
+            self._report = audit_store(topology, store, self.config)
+            self._topology_id = id(topology)
+            self._at = now
+            return self._report

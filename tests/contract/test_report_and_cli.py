@@ -168,3 +168,23 @@ def test_cli_reads_recent_requests_from_the_store(tmp_path: Path, capsys: pytest
     assert by_name[decode.name]["obligations"]["verified"]["status"] == BROKEN
     assert by_name[decode.name]["obligations"]["discovered"]["status"] == UNKNOWN
     assert by_name[decode.name]["obligations"]["preserved"]["status"] == UNKNOWN
+
+
+def test_contract_cache_reuses_a_report_until_stale_or_new_topology(tmp_path: Path) -> None:
+    from railtrace.contract import ContractCache
+    from railtrace.store import Store, make_engine, migrate
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'rt.db'}")
+    migrate(engine)
+    store = Store(engine)
+    topology = load_paths([str(p) for p in AZURE_GB300])
+    clock = [100.0]
+    cache = ContractCache(max_age_s=15.0, clock=lambda: clock[0])
+    first = cache.get(topology, store)
+    assert first.mode == "online"
+    assert cache.get(topology, store) is first
+    clock[0] += 16.0
+    second = cache.get(topology, store)
+    assert second is not first
+    assert cache.get(load_paths([str(p) for p in AZURE_GB300]), store) is not second
+    engine.dispose()
