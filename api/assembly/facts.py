@@ -605,11 +605,6 @@ def _missing_hops(req: _Request) -> list[tuple[str, str | None]]:
                 )
             )
     engines = req.engine
-    if not req.sidecar_spans and PREFILL in engines and DECODE in engines:
-        span = engines[PREFILL]
-        missing.append(
-            (f"P/D request with {_ref(span)} and a decode llm_request but no P/D sidecar span", span.span_id)
-        )
     if PREFILL in engines and DECODE not in engines and not req.sc_decode:
         span = engines[PREFILL]
         missing.append((f"prefill leg {_ref(span)} has no decode leg in any trace", span.span_id))

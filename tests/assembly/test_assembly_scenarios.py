@@ -248,3 +248,22 @@ def test_kv_span_longer_than_the_queue_clamps_and_says_so() -> None:
     (facts,) = assemble(spans)
     assert facts.breakdown_s["decode_queue"] == 0.0
     assert "clamped" in facts.timing_sources["decode_queue"]
+
+
+def test_sidecar_untraced_but_context_intact_is_not_broken() -> None:
+    spans = load_spans("pd-capture-current")
+    gateway = next(s for s in spans if s.name == "gateway.request")
+    kept = [
+        s
+        for s in spans
+        if s.scope_name != "llm-d-router/pkg/sidecar/proxy" and "otelhttp" not in s.scope_name
+    ]
+    for span in kept:
+        if span.name == "llm_request":
+            span.parent_span_id = gateway.span_id
+    (facts,) = assemble(kept)
+    assert facts.flags == [] and facts.complete
+    assert facts.prefill.service == "vllm-prefill" and facts.decode.service == "vllm-decode"
+    assert facts.timing_sources["prefill_leg"] == "service.name"
+    # Without the sidecar, TTFT is gateway offset + prefill engine e2e + decode engine TTFT.
+    assert facts.ttft_s == pytest.approx(0.003 + 0.0477 + 0.343)
