@@ -196,6 +196,7 @@ class _Derivation:
         self.device_classes: dict[str, str] = {}
         self.config_pairs: dict[tuple[str, str], list[str]] = {}
         self.ignored: dict[str, int] = {}
+        self.pod_sources: set[str] = set()
 
     def node(self, name: str, source: str = "") -> dict[str, Any]:
         n = self.nodes.setdefault(name, {"name": name, "labels": {}, "addresses": [], "sources": []})
@@ -209,46 +210,52 @@ class _Derivation:
         for key, obj in objs:
             by_kind.setdefault(key[0], []).append((obj, self.b._object_source.get(key, "")))
         for obj, src in by_kind.pop("Node", []):
-            self._k8s_node(obj, src)
-        for obj, _src in by_kind.pop("DeviceClass", []):
-            self._device_class(obj)
+            self._safe(obj, src, self._k8s_node)
+        for obj, src in by_kind.pop("DeviceClass", []):
+            self._safe(obj, src, lambda o, _s: self._device_class(o))
         for obj, src in by_kind.pop("ResourceSlice", []):
-            self._slice(obj, src)
+            self._safe(obj, src, self._slice)
         for obj, src in by_kind.pop("ComputeDomain", []):
-            self._compute_domain(obj, src)
+            self._safe(obj, src, self._compute_domain)
         for kind in ("GKENetworkParamSet", "Network"):
-            for obj, _src in by_kind.pop(kind, []):
-                self._network(obj)
+            for obj, src in by_kind.pop(kind, []):
+                self._safe(obj, src, lambda o, _s: self._network(o))
         for node, (matrix, src) in self.b._smi.items():
             self._smi(node, matrix, src)
         for doc, src in self.b._docs:
-            self._doc(doc, src)
-        for obj, src in by_kind.pop("Pod", []):
-            self._pod(obj, src)
-        claims = by_kind.pop("ResourceClaim", [])
-        for obj, src in claims:
-            self._claim_pods(obj, src)
-        for obj, src in claims:
-            self._claim_placeholders(obj, src)
+            self._safe(doc, src, self._doc)
+        pod_objs = by_kind.pop("Pod", [])
+        self.pod_sources = {src for _obj, src in pod_objs}
+        for obj, src in pod_objs:
+            self._safe(obj, src, self._pod)
+        claims = [
+            (o, s)
+            for o, s in by_kind.pop("ResourceClaim", [])
+            if self._safe(o, s, self._claim_pods) and self._safe(o, s, self._claim_placeholders)
+        ]
         self._nccl()
         self._rails()
         pairings = self._pairings()
-        allocations = [a for a in (self._allocation(o, s, pairings) for o, s in claims) if a]
+        allocations: list[Allocation] = []
+        for obj, src in claims:
+            self._safe(
+                obj,
+                src,
+                lambda o, s: allocations.append(a) if (a := self._allocation(o, s, pairings)) else None,
+            )
         allocations += self._doc_allocations(pairings)
-        temps = [
-            tmpl.check_template(
-                obj, self.device_classes, list(self.gpus.values()), list(self.nics.values()), pairings
+        temps: list[Any] = []
+        unallocated = [(o, s) for o, s in claims if not ((o.get("status") or {}).get("allocation"))]
+        for obj, src in by_kind.pop("ResourceClaimTemplate", []) + unallocated:
+            self._safe(
+                obj,
+                src,
+                lambda o, _s: temps.append(
+                    tmpl.check_template(
+                        o, self.device_classes, list(self.gpus.values()), list(self.nics.values()), pairings
+                    )
+                ),
             )
-            for kind in ("ResourceClaimTemplate",)
-            for obj, _src in by_kind.pop(kind, [])
-        ]
-        temps += [
-            tmpl.check_template(
-                obj, self.device_classes, list(self.gpus.values()), list(self.nics.values()), pairings
-            )
-            for obj, _src in claims
-            if not ((obj.get("status") or {}).get("allocation"))
-        ]
         for kind, items in by_kind.items():
             self.ignored[kind] = len(items)
         nodes = {name: self._finish_node(n) for name, n in self.nodes.items()}
@@ -278,6 +285,19 @@ class _Derivation:
             warnings=tuple(unique(self.warnings)),
             sources=tuple(self.b._sources),
         )
+
+    def _safe(self, obj: Any, src: str, fn: Any) -> bool:
+        """Run one object's derivation; a malformed object is reported and costs nothing else."""
+        try:
+            fn(obj, src)
+            return True
+        except (AttributeError, TypeError, ValueError, KeyError, IndexError) as exc:
+            kind, _ns, name = _meta(obj) if isinstance(obj, Mapping) else ("input", None, "")
+            where = f" ({src})" if src else ""
+            self.warnings.append(
+                f"{kind or 'document'} {name}{where}: malformed, skipped ({type(exc).__name__}: {exc})"
+            )
+            return False
 
     # -- Kubernetes objects --------------------------------------------------------------
     def _k8s_node(self, obj: dict[str, Any], src: str) -> None:
@@ -624,13 +644,19 @@ class _Derivation:
         return [n for n in unique(str(x) for x in names if x)]
 
     def _claim_pods(self, obj: dict[str, Any], src: str) -> None:
-        """Pods only known from a claim (reservedFor / owner) still get a node: the allocation's."""
+        """Pods only known from a claim (reservedFor / owner) still get a node: the allocation's.
+
+        A source that lists Pods (the live cluster, a full dump) is authoritative about them: a
+        claim there naming a pod that is not listed names a pod that is gone, so none is made up.
+        """
         md = obj.get("metadata") or {}
         ns = md.get("namespace")
         node = self._claim_node(obj)
         for name in self._claim_pod_names(obj):
             key = f"{ns}/{name}" if ns else name
             old = self.pods.get(key)
+            if old is None and src in self.pod_sources:
+                continue
             if old is None:
                 self.pods[key] = Pod(
                     name=name, namespace=ns, node=node, claims=(md.get("name", ""),), sources=(src,)

@@ -184,3 +184,40 @@ def test_cli_show_text_and_json(tmp_path: Path) -> None:
     assert (
         topology_command(argparse.Namespace(paths=[str(tmp_path / "none")], json=False), io.StringIO()) == 2
     )
+
+
+def test_one_malformed_object_costs_nothing_else() -> None:
+    b = TopologyBuilder()
+    b.add_k8s_object(
+        {
+            "kind": "ResourceSlice",
+            "metadata": {"name": "broken"},
+            "spec": {"driver": "dra.net", "nodeName": "n1", "devices": "not-a-list"},
+        }
+    )
+    b.add_k8s_object({"kind": "ResourceClaim", "metadata": {"name": "odd"}, "status": {"allocation": "x"}})
+    b.add_k8s_object(
+        {"kind": "Node", "metadata": {"name": "n1", "labels": {"topology.kubernetes.io/zone": "z"}}}
+    )
+    t = b.build()
+    assert t.nodes["n1"].zone == "z"
+    assert any("ResourceSlice broken" in w and "malformed" in w for w in t.warnings)
+    assert any("ResourceClaim odd" in w and "malformed" in w for w in t.warnings)
+
+
+def test_pods_from_claims_only_when_the_source_lists_no_pods() -> None:
+    claim = {
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "d"},
+        "status": {
+            "reservedFor": [{"name": "gone", "resource": "pods"}],
+            "allocation": {"devices": {"results": [{"driver": "dra.net", "pool": "n1", "device": "x"}]}},
+        },
+    }
+    b = TopologyBuilder()
+    b.add_k8s_object(claim, source="claims.yaml")
+    assert b.build().pods_named("gone")[0].node == "n1"  # a claims-only dump: the claim is all we know
+    b = TopologyBuilder()
+    b.add_k8s_object(claim, source="cluster")
+    b.add_k8s_object({"kind": "Pod", "metadata": {"name": "other", "namespace": "d"}}, source="cluster")
+    assert b.build().pods_named("gone") == []  # the same source lists pods: "gone" is gone
