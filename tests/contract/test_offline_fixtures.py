@@ -15,10 +15,7 @@ import yaml
 from railtrace.contract import audit
 from railtrace.contract.report import BROKEN, OK, UNKNOWN
 from railtrace.topology import load_paths
-
-SHARED = Path("/work/shared/fixtures/topology")
-DRANET = SHARED / "dranet"
-HERE = Path(__file__).parent / "fixtures"
+from tests.contract.paths import DRANET, HERE
 
 AZURE_GB300 = [
     DRANET / "azure_aks_examples__gb300__resource-claim.yaml",
