@@ -264,7 +264,11 @@ class Topology:
     def pods_named(self, name: str) -> list[Pod]:
         if "/" in name:
             pod = self.pods.get(name)
-            return [pod] if pod else []
+            if pod:
+                return [pod]
+            # `namespace/pod` (EPP endpoint ids) for a pod described without a namespace.
+            ns, _, short = name.partition("/")
+            return [p for p in self._pods_by_name.get(short, []) if p.namespace in (None, ns)]  # type: ignore[attr-defined]
         return list(self._pods_by_name.get(name, []))  # type: ignore[attr-defined]
 
     def pods_at(self, ip: str) -> list[Pod]:

@@ -56,3 +56,14 @@ def test_endpoint_filled_from_allocation_and_pairing() -> None:
     assert ep.gpu is None and ep.nic is None
     ep, _ = resolve_endpoint(t, Endpoint(node="node-a"), local_gpu="cuda:1")
     assert (ep.gpu, ep.nic, ep.rail) == ("gpu-1", "mlx5_1", "rail-1")
+
+
+def test_epp_endpoint_ids_namespace_slash_pod() -> None:
+    t = load_paths([FLEET])  # pods described without a namespace
+    assert resolve_address(t, "llm-d/decode-c")[0].name == "decode-c"
+    b = TopologyBuilder()
+    b.add_k8s_object({"kind": "Pod", "metadata": {"name": "d0", "namespace": "a"}, "spec": {"nodeName": "n"}})
+    b.add_k8s_object({"kind": "Pod", "metadata": {"name": "d0", "namespace": "b"}, "spec": {"nodeName": "m"}})
+    t = b.build()
+    assert resolve_address(t, "b/d0")[0].node == "m"
+    assert resolve_address(t, "d0")[0] is None  # two namespaces: not guessed
