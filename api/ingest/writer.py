@@ -16,9 +16,10 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from railtrace.model import Span
-from railtrace.normalize import normalize_span
-from railtrace.store import InsertResult, RowBatch, Store, build_rows
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from railtrace.otlp.decode import parse_json, parse_protobuf
+from railtrace.store import InsertResult, RowBatch, Store, rows_from_request
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +34,16 @@ class WriterUnavailable(Exception):
     """The writer is stopped or the database is failing (HTTP 503 / gRPC UNAVAILABLE)."""
 
 
-def prepare(spans: list[Span]) -> RowBatch:
-    """Normalise decoded spans and build their rows (runs in the receiver's thread)."""
-    for s in spans:
-        normalize_span(s)
-    return build_rows(spans)
+def prepare(body: bytes | ExportTraceServiceRequest, media: str = "application/x-protobuf") -> RowBatch:
+    """Parse an export call and build its rows (runs in the receiver's thread).
+
+    Raises `PayloadError` for a payload that cannot be parsed at all.
+    """
+    if isinstance(body, ExportTraceServiceRequest):
+        return rows_from_request(body)
+    if media == "application/json":
+        return rows_from_request(parse_json(body))
+    return rows_from_request(parse_protobuf(body), raw=body)
 
 
 class BulkWriter:

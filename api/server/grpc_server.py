@@ -13,18 +13,19 @@ from typing import Any
 import grpc
 from google.protobuf.duration_pb2 import Duration
 from google.rpc import code_pb2, error_details_pb2, status_pb2
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from railtrace.ingest import Overloaded, WriterUnavailable, prepare
-from railtrace.otlp import spans_from_request
+from railtrace.otlp import PayloadError
 from railtrace.server.runtime import Runtime
 
+SERVICE_NAME = "opentelemetry.proto.collector.trace.v1.TraceService"
 
-class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
+
+class TraceService:
+    """`Export` receives the request's raw bytes (no generic deserialisation), so gRPC and
+    HTTP share one parse-and-build-rows path."""
+
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
 
@@ -35,15 +36,18 @@ class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         context.set_trailing_metadata((("grpc-status-details-bin", status.SerializeToString()),))
         context.abort(code, message)
 
-    def Export(self, request: ExportTraceServiceRequest, context: Any) -> ExportTraceServiceResponse:
+    def Export(self, request: bytes, context: Any) -> ExportTraceServiceResponse:
         metrics = self.rt.metrics
         if self.rt.writer.pending >= self.rt.settings.max_pending_spans:
             metrics.throttled("grpc")
             self._abort_retry(
                 context, grpc.StatusCode.RESOURCE_EXHAUSTED, code_pb2.RESOURCE_EXHAUSTED, "ingest is behind"
             )
-        result = spans_from_request(request)
-        batch = prepare(result.spans)
+        try:
+            batch = prepare(request)
+        except PayloadError as exc:
+            metrics.export_done("grpc", "invalid")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         inserted = 0
         if len(batch):
             try:
@@ -57,10 +61,10 @@ class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
                 metrics.throttled("grpc")
                 self._abort_retry(context, grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE, str(exc))
         response = ExportTraceServiceResponse()
-        if result.rejected:
-            response.partial_success.rejected_spans = result.rejected
-            response.partial_success.error_message = result.error_message
-        metrics.export_done("grpc", "partial" if result.rejected else "ok", inserted, result.rejected)
+        if batch.rejected:
+            response.partial_success.rejected_spans = batch.rejected
+            response.partial_success.error_message = batch.error_message
+        metrics.export_done("grpc", "partial" if batch.rejected else "ok", inserted, batch.rejected)
         return response
 
 
@@ -71,7 +75,13 @@ def make_grpc_server(runtime: Runtime, host: str, port: int, workers: int = 16) 
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="railtrace-grpc"),
         options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
     )
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceService(runtime), server)
+    service = TraceService(runtime)
+    export = grpc.unary_unary_rpc_method_handler(
+        service.Export,
+        request_deserializer=None,
+        response_serializer=ExportTraceServiceResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, {"Export": export}),))
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen for OTLP/gRPC on {host}:{port}")

@@ -19,9 +19,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from starlette.concurrency import run_in_threadpool
 
 from railtrace.ingest import Overloaded, WriterUnavailable, prepare
-from railtrace.otlp import PayloadError, decode
+from railtrace.otlp import PayloadError
 from railtrace.server.deps import RuntimeDep
-from railtrace.store import RowBatch
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -87,11 +86,6 @@ def _status(
     return Response(body, status_code=http, media_type=media, headers=headers)
 
 
-def _decode_and_prepare(body: bytes, media: str) -> tuple[RowBatch, int, str]:
-    result = decode(body, media)
-    return prepare(result.spans), result.rejected, result.error_message
-
-
 @router.post(
     "/v1/traces",
     summary="OTLP/HTTP trace export (protobuf or JSON, optional gzip)",
@@ -131,7 +125,7 @@ async def export_traces(request: Request, rt: RuntimeDep) -> Response:
             raw = await run_in_threadpool(inflate_bounded, bytes(body), encoding, limit)
         else:
             raw = bytes(body)
-        batch, rejected, message = await run_in_threadpool(_decode_and_prepare, raw, media)
+        batch = await run_in_threadpool(prepare, raw, media)
     except TooLarge:
         metrics.export_done("http", "too_large")
         return too_large
@@ -149,9 +143,10 @@ async def export_traces(request: Request, rt: RuntimeDep) -> Response:
         metrics.throttled("http")
         return _status(503, code_pb2.UNAVAILABLE, str(exc), as_json, retry)
     response = ExportTraceServiceResponse()
-    if rejected:
-        response.partial_success.rejected_spans = rejected
-        response.partial_success.error_message = message
-    metrics.export_done("http", "partial" if rejected else "ok", result.inserted if result else 0, rejected)
+    if batch.rejected:
+        response.partial_success.rejected_spans = batch.rejected
+        response.partial_success.error_message = batch.error_message
+    committed = result.inserted if result else 0
+    metrics.export_done("http", "partial" if batch.rejected else "ok", committed, batch.rejected)
     body_out, out_media = _encode(response, as_json)
     return Response(body_out, status_code=200, media_type=out_media)

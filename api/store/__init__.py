@@ -1,12 +1,13 @@
 """Storage: SQLAlchemy schema, Alembic migrations, the span/trace write path and typed queries.
 
 One schema serves SQLite (WAL, embedded default) and PostgreSQL (production). A span is a
-few indexed columns plus one compact JSON blob; resources are stored once and referenced.
+few indexed columns plus its OTLP protobuf encoding as one blob; resources are stored once
+and referenced.
 """
 
 from railtrace.store.engine import make_engine, migrate
 from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
-from railtrace.store.rows import RowBatch, build_rows
+from railtrace.store.rows import RowBatch, rows_from_request
 from railtrace.store.store import InsertResult, Store
 
 __all__ = [
@@ -17,7 +18,7 @@ __all__ = [
     "RowBatch",
     "Store",
     "StoreError",
-    "build_rows",
     "make_engine",
     "migrate",
+    "rows_from_request",
 ]

@@ -1,4 +1,14 @@
-"""Span <-> row conversion. Runs in the receiver threads, so the writer only inserts."""
+"""OTLP protobuf spans <-> rows. Runs in the receiver threads, so the writer only inserts.
+
+What is a row and what is a blob: a span's row holds the columns the service filters and
+joins on (ids, parent, name, times, status, service, request key, resource id); the rest of
+the span is kept as its own OTLP protobuf encoding, exactly as received (minus content
+attributes). Encoding that blob is one C call, where turning every attribute into Python
+values costs far more than the database insert, so ingest never does it: attributes are
+decoded, bounded and normalised (`railtrace.normalize.normalize_span`) when spans are read,
+by the assembler and the API. Resource attribute sets repeat across every span of a process;
+they are decoded once per export call and stored once, keyed by a hash.
+"""
 
 from __future__ import annotations
 
@@ -7,107 +17,223 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 from railtrace.model import Span
+from railtrace.normalize import normalize_request_id, normalize_span
+from railtrace.normalize.table import KEY_ATTRIBUTES
+from railtrace.otlp.decode import (
+    DEFAULT_DROP,
+    MAX_EVENTS,
+    MAX_TIME_NS,
+    MIN_TIME_NS,
+    DecodeResult,
+    attributes,
+)
+from railtrace_tracing import semconv
 
 SpanRow = tuple[Any, ...]  # column order of INSERT_COLUMNS in store.py
+# A content attribute's key as it appears on the wire: length byte, key, AnyValue tag.
+CONTENT_NEEDLES = tuple(bytes([len(k)]) + k.encode() + b"\x12" for k in sorted(DEFAULT_DROP) if len(k) < 128)
+MAX_NAME = 512
+MAX_KEY = 256
 
 
 @dataclass(slots=True)
 class RowBatch:
-    """Rows of one export call, ready for the writer: spans, new resources, per-trace counts."""
+    """Rows of one export call, ready for the writer: spans, resources, rejected spans."""
 
     spans: list[SpanRow] = field(default_factory=list)
     resources: dict[int, bytes] = field(default_factory=dict)
-    traces: dict[str, list[int]] = field(default_factory=dict)  # trace_id -> [span count, has_root]
+    rejected: int = 0
+    errors: list[str] = field(default_factory=list)
+    dropped_content_attributes: int = 0
 
     def __len__(self) -> int:
         return len(self.spans)
 
+    @property
+    def error_message(self) -> str:
+        head = "; ".join(self.errors[:5])
+        more = len(self.errors) - 5
+        return head + (f"; and {more} more" if more > 0 else "")
 
-def resource_key(resource: dict[str, Any]) -> tuple[int, bytes]:
-    """A stable 63-bit id for a resource attribute set, and its JSON."""
-    blob = orjson.dumps(resource, option=orjson.OPT_SORT_KEYS)
+
+def resource_key(resource: dict[str, Any], scope: str) -> tuple[int, bytes]:
+    """A stable 63-bit id for a (resource attributes, scope) pair, and its JSON."""
+    blob = orjson.dumps({"resource": resource, "scope": scope}, option=orjson.OPT_SORT_KEYS)
     digest = hashlib.blake2b(blob, digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1, blob
 
 
-def span_body(span: Span) -> bytes:
-    return orjson.dumps(
-        {
-            "kind": span.kind,
-            "status_message": span.status_message,
-            "scope": span.scope_name,
-            "canonical_name": span.canonical_name,
-            "generation": span.generation,
-            "attributes": span.attributes,
-            "events": span.events,
-        }
-    )
+def _invalid(s: PbSpan) -> str | None:
+    """The same rules as `railtrace.otlp.decode`: ids, time range, order."""
+    tid, sid = s.trace_id, s.span_id
+    if len(tid) != 16 or tid == b"\0" * 16:
+        return f"span {sid.hex() or '?'}: trace_id must be 16 non-zero bytes"
+    if len(sid) != 8 or sid == b"\0" * 8:
+        return f"span in trace {tid.hex()}: span_id must be 8 non-zero bytes"
+    parent = s.parent_span_id
+    if parent and len(parent) != 8:
+        return f"span {sid.hex()}: parent_span_id must be empty or 8 bytes"
+    start, end = s.start_time_unix_nano, s.end_time_unix_nano
+    if not (MIN_TIME_NS <= start < MAX_TIME_NS) or not (MIN_TIME_NS <= end < MAX_TIME_NS):
+        return f"span {sid.hex()}: start or end time is out of range"
+    if end < start:
+        return f"span {sid.hex()}: ends before it starts"
+    return None
 
 
-def build_rows(spans: list[Span], received_ns: int = 0) -> RowBatch:
-    """Rows for normalised spans. `received_ns` is replaced by the writer at commit."""
-    batch = RowBatch()
-    by_identity: dict[int, int] = {}  # id(resource dict) -> resource id: the decoder shares one dict
-    seen: set[tuple[str, str]] = set()
-    for s in spans:
-        key = (s.trace_id, s.span_id)
-        if key in seen:  # the same span twice in one call
+def _strip_content(s: PbSpan) -> int:
+    """Remove content attributes (prompt/completion text) from a span and its events."""
+    dropped = 0
+    for container in [s.attributes, *(e.attributes for e in s.events)]:
+        for i in range(len(container) - 1, -1, -1):
+            if container[i].key in DEFAULT_DROP:
+                del container[i]
+                dropped += 1
+    return dropped
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while pos < len(buf):
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+    raise ValueError("truncated varint")
+
+
+def _string_at(body: bytes, pos: int) -> str | None:
+    """The string in the AnyValue that starts at `pos` (itself, or an array's first item)."""
+    _, pos = _varint(body, pos)  # AnyValue length
+    tag = body[pos] if pos < len(body) else 0
+    if tag == 0x2A:  # array_value: take its first value
+        _, pos = _varint(body, pos + 1)  # ArrayValue length
+        if pos >= len(body) or body[pos] != 0x0A:
+            return None
+        _, pos = _varint(body, pos + 1)  # first AnyValue length
+        tag = body[pos] if pos < len(body) else 0
+    if tag != 0x0A:  # not a string_value
+        return None
+    n, pos = _varint(body, pos + 1)
+    return body[pos : pos + n].decode("utf-8", "replace")
+
+
+# A KeyValue on the wire: 0x0a <len> key 0x12 <len> AnyValue. Finding these needles in the
+# span's own encoding reads the join keys without decoding its attributes into Python.
+KEY_NEEDLES = tuple(
+    (a, b"\x0a" + bytes([len(a)]) + a.encode() + b"\x12") for a in KEY_ATTRIBUTES if len(a) < 128
+)
+
+
+def _request_key(body: bytes) -> str | None:
+    """The span's strongest join key, by the normalisation table's key attributes (in order)."""
+    if b"request" not in body:  # every key attribute's name has it: one scan rules most spans out
+        return None
+    for _attr, needle in KEY_NEEDLES:
+        at = body.find(needle)
+        if at < 0:
             continue
-        seen.add(key)
-        rid = by_identity.get(id(s.resource))
-        if rid is None:
-            rid, blob = resource_key(s.resource)
-            by_identity[id(s.resource)] = rid
+        try:
+            key = normalize_request_id(_string_at(body, at + len(needle)))
+        except (ValueError, IndexError):
+            key = None
+        if key:
+            return key[:MAX_KEY]
+    return None
+
+
+def may_hold_content(raw: bytes) -> bool:
+    """Whether serialized OTLP bytes may carry a content attribute (prompt/completion text).
+
+    One scan of the whole export call spares the per-span check when (as usual) none does.
+    """
+    return any(n in raw for n in CONTENT_NEEDLES)
+
+
+def rows_from_request(request: ExportTraceServiceRequest, raw: bytes | None = None) -> RowBatch:
+    """Rows for every valid span of an export request; invalid spans are counted with a reason.
+
+    `raw` is the request's own encoding when the caller has it (saves re-encoding it to look
+    for content attributes).
+    """
+    batch = RowBatch()
+    check_content = may_hold_content(raw if raw is not None else request.SerializeToString())
+    seen: set[tuple[bytes, bytes]] = set()
+    result = DecodeResult()
+    for rs in request.resource_spans:
+        resource = attributes(rs.resource.attributes, DEFAULT_DROP, result)
+        service = resource.get(semconv.RES_SERVICE_NAME)
+        service_name = (service if isinstance(service, str) else "unknown_service")[:256]
+        for ss in rs.scope_spans:
+            rid, blob = resource_key(resource, ss.scope.name[:256])
             batch.resources[rid] = blob
-        batch.spans.append(
-            (
-                s.trace_id,
-                s.span_id,
-                s.parent_span_id,
-                s.name[:512],
-                s.role[:32],
-                s.service_name[:256],
-                s.start_ns,
-                s.end_ns,
-                s.status_code,
-                s.request_key[:256] if s.request_key else None,
-                rid,
-                received_ns,
-                span_body(s),
-            )
-        )
-        counts = batch.traces.get(s.trace_id)
-        if counts is None:
-            batch.traces[s.trace_id] = [1, int(s.parent_span_id is None)]
-        else:
-            counts[0] += 1
-            if s.parent_span_id is None:
-                counts[1] = 1
+            for s in ss.spans:
+                problem = _invalid(s)
+                if problem:
+                    batch.rejected += 1
+                    if len(batch.errors) < 50:
+                        batch.errors.append(problem)
+                    continue
+                key = (s.trace_id, s.span_id)
+                if key in seen:  # the same span twice in one call
+                    continue
+                seen.add(key)
+                body = s.SerializeToString()
+                if check_content and any(n in body for n in CONTENT_NEEDLES):
+                    batch.dropped_content_attributes += _strip_content(s)
+                    body = s.SerializeToString()
+                parent = s.parent_span_id
+                batch.spans.append(
+                    (
+                        s.trace_id.hex(),
+                        s.span_id.hex(),
+                        parent.hex() if parent else None,
+                        s.name[:MAX_NAME],
+                        service_name,
+                        s.start_time_unix_nano,
+                        s.end_time_unix_nano,
+                        s.status.code,
+                        _request_key(body),
+                        rid,
+                        0,  # received_ns: set by the writer at commit
+                        body,
+                    )
+                )
+    batch.dropped_content_attributes += result.dropped_content_attributes
     return batch
 
 
 def span_from_row(row: Any, resource: dict[str, Any]) -> Span:
-    """A stored span back as a `Span` (normalised fields included)."""
-    body = orjson.loads(row.body)
-    return Span(
+    """A stored span back as a normalised `Span` (attributes decoded and bounded here)."""
+    pb = PbSpan.FromString(row.body)
+    result = DecodeResult()
+    span = Span(
         trace_id=row.trace_id,
         span_id=row.span_id,
         parent_span_id=row.parent_span_id,
         name=row.name,
-        kind=body.get("kind", 0),
+        kind=int(pb.kind),
         start_ns=row.start_ns,
         end_ns=row.end_ns,
         status_code=row.status_code,
-        status_message=body.get("status_message", ""),
+        status_message=pb.status.message[:1024],
         service_name=row.service_name,
-        scope_name=body.get("scope", ""),
-        attributes=body.get("attributes", {}),
-        resource=resource,
-        events=body.get("events", []),
-        role=row.role,
-        canonical_name=body.get("canonical_name", ""),
-        generation=body.get("generation", ""),
-        request_key=row.request_key,
+        scope_name=resource.get("scope", ""),
+        attributes=attributes(pb.attributes, DEFAULT_DROP, result),
+        resource=resource.get("resource", {}),
+        events=[
+            {
+                "name": e.name[:256],
+                "time_ns": e.time_unix_nano,
+                "attributes": attributes(e.attributes, DEFAULT_DROP, result),
+            }
+            for e in pb.events[:MAX_EVENTS]
+        ],
     )
+    return normalize_span(span)

@@ -1,9 +1,10 @@
 """Tables. The Alembic migrations create exactly these (a test compares them).
 
 Why this shape: ingest must reach tens of thousands of spans per second, so a span is one
-row with the columns queries filter on and a single blob for everything else (attributes,
-events, status message, scope). Resource attribute sets repeat across every span of a
-process, so they are stored once, keyed by a hash.
+row with the columns queries filter and join on and a single blob for everything else (its
+OTLP protobuf encoding: attributes, events, status message). Resource attribute sets (with
+the instrumentation scope) repeat across every span of a process, so they are stored once,
+keyed by a hash. See `rows.py`.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ metadata = MetaData()
 resources = Table(
     "resources",
     metadata,
-    Column("id", BigInteger, primary_key=True, autoincrement=False),  # 63-bit hash of the attributes
-    Column("attributes", LargeBinary, nullable=False),  # JSON
+    Column("id", BigInteger, primary_key=True, autoincrement=False),  # 63-bit hash of the content
+    Column("attributes", LargeBinary, nullable=False),  # JSON {"resource": {...}, "scope": name}
 )
 
 spans = Table(
@@ -38,7 +39,6 @@ spans = Table(
     Column("span_id", String(16), primary_key=True),
     Column("parent_span_id", String(16)),
     Column("name", String(512), nullable=False),
-    Column("role", String(32), nullable=False),
     Column("service_name", String(256), nullable=False),
     Column("start_ns", BigInteger, nullable=False),
     Column("end_ns", BigInteger, nullable=False),
@@ -46,7 +46,7 @@ spans = Table(
     Column("request_key", String(256)),
     Column("resource_id", BigInteger, nullable=False),
     Column("received_ns", BigInteger, nullable=False),
-    Column("body", LargeBinary, nullable=False),  # JSON: kind, attributes, events, scope, ...
+    Column("body", LargeBinary, nullable=False),  # the OTLP protobuf Span, content attributes removed
 )
 Index("ix_spans_request_key", spans.c.request_key)
 

@@ -17,7 +17,7 @@ from railtrace.store.rows import RowBatch, span_from_row
 from railtrace.store.schema import request_flags, requests, resources, spans, traces
 
 INSERT_COLUMNS = (
-    "trace_id, span_id, parent_span_id, name, role, service_name, start_ns, end_ns, "
+    "trace_id, span_id, parent_span_id, name, service_name, start_ns, end_ns, "
     "status_code, request_key, resource_id, received_ns, body"
 )
 MAX_KNOWN_RESOURCES = 100_000
@@ -49,7 +49,7 @@ class Store:
         self._known_resources: set[int] = set()
         self._last_received_ns = 0
         self._sql_span = (
-            f"INSERT INTO spans ({INSERT_COLUMNS}) VALUES ({', '.join([p] * 13)}) ON CONFLICT DO NOTHING"
+            f"INSERT INTO spans ({INSERT_COLUMNS}) VALUES ({', '.join([p] * 12)}) ON CONFLICT DO NOTHING"
         )
         self._sql_resource = (
             f"INSERT INTO resources (id, attributes) VALUES ({p}, {p}) ON CONFLICT DO NOTHING"
@@ -88,7 +88,7 @@ class Store:
                 if key in seen:
                     continue
                 seen.add(key)
-                rows.append((*r[:11], received, r[12]))
+                rows.append((*r[:10], received, r[11]))
             for rid, blob in b.resources.items():
                 if rid not in self._known_resources:
                     new_resources[rid] = blob

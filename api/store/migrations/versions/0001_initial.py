@@ -26,7 +26,6 @@ def upgrade() -> None:
         sa.Column("span_id", sa.String(16), nullable=False),
         sa.Column("parent_span_id", sa.String(16)),
         sa.Column("name", sa.String(512), nullable=False),
-        sa.Column("role", sa.String(32), nullable=False),
         sa.Column("service_name", sa.String(256), nullable=False),
         sa.Column("start_ns", sa.BigInteger(), nullable=False),
         sa.Column("end_ns", sa.BigInteger(), nullable=False),

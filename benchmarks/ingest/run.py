@@ -1,0 +1,230 @@
+"""Ingest benchmark: OTLP/HTTP protobuf spans per second until durable and queryable.
+
+    .venv/bin/python benchmarks/ingest/run.py [--spans 200000] [--db sqlite|postgresql|both]
+
+Runs `railtrace serve` as its own process (one process, default settings but the given
+database), sends pre-built 512-span export calls from client threads, and stops the clock
+when the last call is acknowledged -- railtrace acknowledges only after commit, so every
+acknowledged span is durable -- then checks that every span is there to query. Also measures
+the ceilings in this process: protobuf parse alone, decode to spans, decode + normalise +
+row building, and the database insert alone. Not a test: figures depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+from sqlalchemy import create_engine, func, select, text
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from payload import export_calls  # noqa: E402
+
+from railtrace.ingest import prepare  # noqa: E402
+from railtrace.otlp import decode  # noqa: E402
+from railtrace.otlp.decode import parse_protobuf  # noqa: E402
+from railtrace.store import Store, make_engine, migrate  # noqa: E402
+from railtrace.store.schema import spans as spans_table  # noqa: E402
+
+PG_ADMIN = os.environ.get("RAILTRACE_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+PROTOBUF = "application/x-protobuf"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Database:
+    """A throwaway SQLite file or PostgreSQL database, removed afterwards."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.tmp = Path(tempfile.mkdtemp(prefix="railtrace-bench-"))
+        if kind == "sqlite":
+            self.url = f"sqlite:///{self.tmp / 'bench.db'}"
+        else:
+            self.name = f"rt_bench_{uuid.uuid4().hex[:10]}"
+            self.admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+            with self.admin.connect() as c:
+                c.execute(text(f'CREATE DATABASE "{self.name}"'))
+            self.url = PG_ADMIN.rsplit("/", 1)[0] + "/" + self.name
+
+    def drop(self) -> None:
+        if self.kind == "postgresql":
+            with self.admin.connect() as c:
+                c.execute(text(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)'))
+            self.admin.dispose()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def rate(n: int, seconds: float) -> float:
+    return n / seconds if seconds > 0 else float("inf")
+
+
+def ceilings(calls: list[bytes], db: str) -> dict[str, float]:
+    n = sum(len(decode(c, PROTOBUF).spans) for c in calls[:1]) * len(calls)
+    out: dict[str, float] = {}
+    t = time.perf_counter()
+    for c in calls:
+        parse_protobuf(c)
+    out["protobuf parse alone"] = rate(n, time.perf_counter() - t)
+    t = time.perf_counter()
+    for c in calls:
+        decode(c, PROTOBUF)
+    out["decode every attribute to Span objects"] = rate(n, time.perf_counter() - t)
+    t = time.perf_counter()
+    batches = [prepare(c) for c in calls]
+    out["parse + railtrace row building (ingest path)"] = rate(n, time.perf_counter() - t)
+    database = Database(db)
+    try:
+        engine = make_engine(database.url)
+        migrate(engine)
+        store = Store(engine)
+        t = time.perf_counter()
+        for i in range(0, len(batches), 8):  # 8 x 512 = the writer's 4096-span group commit
+            store.insert_batches(batches[i : i + 8])
+        out[f"{db} insert alone (4096 spans/commit)"] = rate(n, time.perf_counter() - t)
+        engine.dispose()
+    finally:
+        database.drop()
+    return out
+
+
+def end_to_end(calls: list[bytes], db: str, clients: int, quiet_period: float | None) -> dict[str, float]:
+    database = Database(db)
+    port, grpc_port = free_port(), free_port()
+    env = dict(os.environ, RAILTRACE_DB=database.url)
+    cmd = [sys.executable, "-m", "railtrace.cli", "serve", "--port", str(port), "--grpc-port", str(grpc_port)]
+    if quiet_period is not None:
+        cmd += ["--quiet-period", str(quiet_period)]
+    proc = subprocess.Popen(cmd, env=env, cwd=database.tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(base + "/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("service did not start: " + proc.stdout.read().decode()[-2000:])
+            time.sleep(0.1)
+        n_spans = 512 * len(calls)
+        lock = threading.Lock()
+        queue = list(range(len(calls)))
+        retries = [0]
+        errors: list[str] = []
+
+        def worker() -> None:
+            with httpx.Client(base_url=base, timeout=120, headers={"content-type": PROTOBUF}) as client:
+                while True:
+                    with lock:
+                        if not queue:
+                            return
+                        i = queue.pop()
+                    while True:
+                        r = client.post("/v1/traces", content=calls[i])
+                        if r.status_code == 200:
+                            break
+                        if r.status_code in (429, 503):  # as an OTLP exporter would: back off, retry
+                            retries[0] += 1
+                            time.sleep(float(r.headers.get("retry-after", "1")))
+                            continue
+                        errors.append(f"{r.status_code} {r.text[:200]}")
+                        return
+
+        threads = [threading.Thread(target=worker) for _ in range(clients)]
+        t = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        elapsed = time.perf_counter() - t
+        if errors:
+            raise RuntimeError(f"export failed: {errors[:3]}")
+        engine = create_engine(database.url)
+        with engine.connect() as conn:
+            stored = conn.execute(select(func.count()).select_from(spans_table)).scalar_one()
+        engine.dispose()
+        if stored != n_spans:
+            raise RuntimeError(f"{stored} spans stored, {n_spans} acknowledged")
+        rss = _peak_rss_mb(proc.pid)
+        return {
+            f"{db} end to end, durable and queryable": rate(n_spans, elapsed),
+            f"{db} server peak RSS MB": rss,
+            f"{db} 429/503 retries": float(retries[0]),
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        database.drop()
+
+
+def _peak_rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spans", type=int, default=200_000)
+    ap.add_argument("--db", choices=["sqlite", "postgresql", "both"], default="both")
+    ap.add_argument("--clients", type=int, default=4, help="concurrent exporting connections")
+    ap.add_argument(
+        "--quiet-period", type=float, default=None, help="service quiet period (default: settings)"
+    )
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    args = ap.parse_args()
+    calls = export_calls(args.spans)
+    dbs = ["sqlite", "postgresql"] if args.db == "both" else [args.db]
+    results: dict[str, float] = {}
+    for db in dbs:
+        results.update(
+            ceilings(calls, db)
+            if db == dbs[0]
+            else {k: v for k, v in ceilings(calls, db).items() if "insert" in k}
+        )
+        results.update(end_to_end(calls, db, args.clients, args.quiet_period))
+    meta = {
+        "spans": 512 * len(calls),
+        "spans_per_call": 512,
+        "clients": args.clients,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    print(f"railtrace ingest benchmark: {meta}")
+    print("| measurement | spans/s (or as named) |\n|---|---:|")
+    for k, v in results.items():
+        print(f"| {k} | {v:,.0f} |")
+    if args.json:
+        args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
