@@ -10,6 +10,7 @@ evidence is UCX log text parsed by the real parser. Timestamps are the simulated
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from railtrace.simulator.router import DECODE_WEIGHTS, PREFILL_WEIGHTS, TOPOLOGY
 from railtrace.simulator.ucxlog import endpoint_log
 from railtrace_tracing import semconv as sc
 from railtrace_tracing.kv_transfer import record_kv_transfer
+from railtrace_tracing.pd import EngineRecorder, Leg, PDProxyRecorder
 from railtrace_tracing.router_scoring import Candidate, SchedulingRecorder
 
 GENERATIONS = ("current", "v0.10", "v0.9", "v0.8")
@@ -336,6 +338,54 @@ class Emitter:
             s.end(end_time=self.ns(start + (end - start) / 4))
 
     def _sidecar_spans(self, r: SimRequest, inbound: dict[str, str]) -> None:
+        if self.names.sidecar_root == sc.SPAN_PD_FORWARD:
+            self._sidecar_via_shim(r, inbound)
+        else:
+            self._legacy_sidecar(r, inbound)
+
+    def _sidecar_via_shim(self, r: SimRequest, inbound: dict[str, str]) -> None:
+        """Sidecar spans through the P/D shim (its names are the sidecar's since v0.9). A sidecar
+        that does not propagate context simply sends no `traceparent` to the engines."""
+        dc, pf = r.decode, r.prefill
+        injects = self.names.sidecar_injects and dc.sidecar_version == "current"
+        rec = PDProxyRecorder(self._sidecar(dc), connector="nixlv2")
+
+        def outbound(leg: Leg) -> dict[str, str]:
+            headers = dict(leg.headers())
+            if not injects:
+                headers = {k: v for k, v in headers.items() if k not in ("traceparent", "tracestate")}
+            return headers
+
+        with (
+            contextlib.suppress(TimeoutError),
+            rec.request(
+                "POST",
+                "/v1/chat/completions",
+                headers=inbound,
+                request_id=r.request_id,
+                start_time_ns=self.ns(r.sched_end),
+                end_time_ns=self.ns(r.end + 0.00016),
+            ) as req,
+        ):
+            with req.prefill(
+                pf.endpoint,
+                start_time_ns=self.ns(r.prefill_arrive - 0.0001),
+                end_time_ns=self.ns(r.prefill_end),
+            ) as leg:
+                self._vllm_prefill(r, outbound(leg))
+                leg.status_code = 200
+            with req.decode(
+                dc.endpoint,
+                streaming=True,
+                start_time_ns=self.ns(r.decode_arrive - 0.0001),
+                end_time_ns=self.ns(r.end + 0.0001),
+            ) as dleg:
+                self._vllm_decode(r, outbound(dleg))
+                if r.failed:
+                    raise TimeoutError("decode leg timed out waiting for the KV cache")
+
+    def _legacy_sidecar(self, r: SimRequest, inbound: dict[str, str]) -> None:
+        """Sidecar spans of llm-d <= v0.8 (`llm_d.pd_proxy.request` …), which no shim emits."""
         n = self.names
         dc, pf = r.decode, r.prefill
         tracer = self._sidecar(dc).get_tracer("llm-d-router/pkg/sidecar/proxy")
@@ -432,87 +482,91 @@ class Emitter:
         server.end(end_time=self.ns(r.end + 0.00016))
 
     def _vllm_prefill(self, r: SimRequest, headers: dict[str, str]) -> None:
-        pf = r.prefill
-        tracer = self._vllm(pf).get_tracer("vllm.foundation.observability.tracing.otel")
-        ctx = _W3C.extract(headers) if "traceparent" in headers else otel_context.Context()
-        ttft = r.prefill_end - r.prefill_arrive
-        span = tracer.start_span(
-            sc.SPAN_VLLM_REQUEST,
-            context=ctx,
-            kind=SpanKind.SERVER,
-            start_time=self.ns(r.prefill_arrive),
-            attributes={
-                sc.GEN_AI_REQUEST_ID: f"cmpl-{r.request_id}-0",
-                sc.GEN_AI_RESPONSE_MODEL: MODEL_NAME,
-                sc.VLLM_PROMPT_TOKENS: r.prompt_tokens,
-                sc.VLLM_COMPLETION_TOKENS: 1,
-                sc.GEN_AI_MAX_TOKENS: 1,
-                sc.VLLM_TTFT: ttft,
-                sc.VLLM_E2E: ttft,
-                sc.VLLM_QUEUE: r.prefill_start - r.prefill_arrive,
-                sc.VLLM_PREFILL: r.prefill_end - r.prefill_start,
-                sc.VLLM_DECODE: 0.0,
-                sc.VLLM_INFERENCE: r.prefill_end - r.prefill_start,
-            },
+        """The prefill engine's `llm_request` (max_tokens=1) via the engine shim."""
+        EngineRecorder(self._vllm(r.prefill), role="prefill").llm_request(
+            request_id=f"cmpl-{r.request_id}-0",
+            arrival_time_ns=self.ns(r.prefill_arrive),
+            scheduled_time_ns=self.ns(r.prefill_start),
+            first_token_time_ns=self.ns(r.prefill_end),
+            last_token_time_ns=self.ns(r.prefill_end),
+            prompt_tokens=r.prompt_tokens,
+            completion_tokens=1,
+            max_tokens=1,
+            model=MODEL_NAME,
+            trace_headers=headers if "traceparent" in headers else None,
+            parent=None if "traceparent" in headers else otel_context.Context(),
         )
-        span.end(end_time=self.ns(r.prefill_end))
 
     def _vllm_decode(self, r: SimRequest, headers: dict[str, str]) -> None:
-        dc, pf = r.decode, r.prefill
+        """The decode engine's `llm_request` and, inside it, the KV pull through the KV shim."""
+        dc = r.decode
         vllm = self._vllm(dc)
-        tracer = vllm.get_tracer("vllm.foundation.observability.tracing.otel")
         incoming = _W3C.extract(headers) if "traceparent" in headers else None
-        attrs: dict[str, Any] = {
-            sc.GEN_AI_REQUEST_ID: f"cmpl-{r.request_id}-0",
-            sc.GEN_AI_RESPONSE_MODEL: MODEL_NAME,
-            sc.VLLM_PROMPT_TOKENS: r.prompt_tokens,
-            sc.VLLM_QUEUE: r.decode_start - r.decode_arrive,
-        }
         if r.first_token is not None:
-            attrs.update(
-                {
-                    sc.VLLM_COMPLETION_TOKENS: r.output_tokens,
-                    sc.VLLM_TTFT: r.first_token - r.decode_arrive,
-                    sc.VLLM_E2E: r.end - r.decode_arrive,
-                    sc.VLLM_PREFILL: r.first_token - r.decode_start,
-                    sc.VLLM_DECODE: r.end - r.first_token,
-                    sc.VLLM_INFERENCE: r.end - r.decode_start,
-                }
+            span = EngineRecorder(vllm, role="decode").llm_request(
+                request_id=f"cmpl-{r.request_id}-0",
+                arrival_time_ns=self.ns(r.decode_arrive),
+                scheduled_time_ns=self.ns(r.decode_start),
+                first_token_time_ns=self.ns(r.first_token),
+                last_token_time_ns=self.ns(r.end),
+                prompt_tokens=r.prompt_tokens,
+                completion_tokens=r.output_tokens,
+                model=MODEL_NAME,
+                parent=incoming if incoming is not None else otel_context.Context(),
             )
+        else:
+            span = self._aborted_llm_request(r, vllm, incoming)
+        if r.kv_ran:
+            # The KV shim parents the transfer on the request's incoming context; without one
+            # (old sidecar) it lands in the engine's own trace.
+            parent = incoming
+            if parent is None and span is not None:
+                parent = trace.set_span_in_context(span)
+            self._kv_span(r, vllm, parent or otel_context.Context())
+
+    def _aborted_llm_request(
+        self, r: SimRequest, vllm: trace.TracerProvider, incoming: otel_context.Context | None
+    ) -> trace.Span:
+        """An aborted request has no first token, so no TTFT attributes (as vLLM reports it)."""
+        tracer = vllm.get_tracer("vllm.foundation.observability.tracing.otel")
         span = tracer.start_span(
             sc.SPAN_VLLM_REQUEST,
             context=incoming or otel_context.Context(),
             kind=SpanKind.SERVER,
             start_time=self.ns(r.decode_arrive),
-            attributes=attrs,
+            attributes={
+                sc.GEN_AI_REQUEST_ID: f"cmpl-{r.request_id}-0",
+                sc.GEN_AI_RESPONSE_MODEL: MODEL_NAME,
+                sc.VLLM_PROMPT_TOKENS: r.prompt_tokens,
+                sc.VLLM_QUEUE: r.decode_start - r.decode_arrive,
+                sc.LLM_D_ROLE: "decode",
+                sc.ERROR_TYPE: "timeout",
+            },
         )
-        if r.kv_ran:
-            # The KV shim parents the transfer on the request's incoming context; without one
-            # (old sidecar) it lands in the engine's own trace.
-            parent = incoming if incoming is not None else trace.set_span_in_context(span)
-            agent = dc.engine_id
-            log = self._ucx_log(r, agent)
-            with record_kv_transfer(
-                tracer_provider=vllm,
-                ucx_log_text=log,
-                ucx_context=agent,
-                operation="read",
-                request_id=f"cmpl-{r.request_id}-0",
-                bytes=r.kv_bytes,
-                descriptors=-(-r.prompt_tokens // 16),
-                local_gpu=dc.gpu.uuid,
-                remote_host=pf.ip,
-                remote_engine_id=pf.engine_id,
-                parent=parent,
-                start_time_ns=self.ns(r.kv_start),
-                end_time_ns=self.ns(r.kv_end),
-            ) as kv:
-                if r.failed:
-                    kv.fail("timeout", "KV transfer did not complete before the request timed out")
-        if r.failed:
-            span.set_status(Status(StatusCode.ERROR, "aborted: timeout"))
-            span.set_attribute(sc.ERROR_TYPE, "timeout")
+        span.set_status(Status(StatusCode.ERROR, "aborted: timeout"))
         span.end(end_time=self.ns(r.end))
+        return span
+
+    def _kv_span(self, r: SimRequest, vllm: trace.TracerProvider, parent: otel_context.Context) -> None:
+        dc, pf = r.decode, r.prefill
+        agent = dc.engine_id
+        with record_kv_transfer(
+            tracer_provider=vllm,
+            ucx_log_text=self._ucx_log(r, agent),
+            ucx_context=agent,
+            operation="read",
+            request_id=f"cmpl-{r.request_id}-0",
+            bytes=r.kv_bytes,
+            descriptors=-(-r.prompt_tokens // 16),
+            local_gpu=dc.gpu.uuid,
+            remote_host=pf.ip,
+            remote_engine_id=pf.engine_id,
+            parent=parent,
+            start_time_ns=self.ns(r.kv_start),
+            end_time_ns=self.ns(r.kv_end),
+        ) as kv:
+            if r.failed:
+                kv.fail("timeout", "KV transfer did not complete before the request timed out")
 
     def _ucx_log(self, r: SimRequest, agent: str) -> str:
         """The decode engine's UCX log for its endpoint to this prefill engine (one per pair)."""
