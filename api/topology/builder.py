@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from railtrace.topology import templates as tmpl
 from railtrace.topology.model import (
@@ -35,6 +35,8 @@ from railtrace.topology.model import (
     unique,
 )
 from railtrace.topology.nvsmi import TopoMatrix, parse_nccl_devices, parse_topo_matrix
+
+_T = TypeVar("_T")
 
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
@@ -178,6 +180,21 @@ class TopologyBuilder:
         return _Derivation(self).run()
 
 
+class _ByNode(dict[tuple[str, str], _T], Generic[_T]):
+    """Devices keyed (node, name) with a per-node view kept in step, so lookups stay linear in the fleet."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._by_node: dict[str, dict[str, _T]] = {}
+
+    def __setitem__(self, key: tuple[str, str], value: _T) -> None:
+        super().__setitem__(key, value)
+        self._by_node.setdefault(key[0], {})[key[1]] = value
+
+    def on(self, node: str) -> list[_T]:
+        return list(self._by_node.get(node, {}).values())
+
+
 class _Derivation:
     """One pass over everything the builder holds."""
 
@@ -185,8 +202,8 @@ class _Derivation:
         self.b = b
         self.warnings: list[str] = list(b._warnings)
         self.nodes: dict[str, dict[str, Any]] = {}
-        self.gpus: dict[tuple[str, str], GPU] = {}
-        self.nics: dict[tuple[str, str], NIC] = {}
+        self.gpus: _ByNode[GPU] = _ByNode()
+        self.nics: _ByNode[NIC] = _ByNode()
         self.devices: dict[
             tuple[str, str, str], tuple[str, str, str]
         ] = {}  # (driver,pool,dev)->(kind,node,name)
@@ -457,7 +474,7 @@ class _Derivation:
     def _smi(self, node: str, matrix: TopoMatrix, src: str) -> None:
         nd = self.node(node, src)
         nd.setdefault("smi", matrix)
-        by_index = {g.index: g for (n, _), g in self.gpus.items() if n == node and g.index is not None}
+        by_index = {g.index: g for g in self.gpus.on(node) if g.index is not None}
         for idx, info in matrix.gpus.items():
             g = by_index.get(idx) or GPU(node=node, name=f"gpu-{idx}", index=idx)
             if g.numa is None and info.get("numa") is not None:
@@ -465,9 +482,7 @@ class _Derivation:
             self.gpus[(node, g.name)] = replace(g, sources=unique((*g.sources, src)))
         gpu_numa = {idx: info.get("numa") for idx, info in matrix.gpus.items()}
         for nic_name in matrix.nics:
-            existing = next(
-                (n for (nn, _), n in self.nics.items() if nn == node and nic_name in n.aliases()), None
-            )
+            existing = next((n for n in self.nics.on(node) if nic_name in n.aliases()), None)
             nic = existing or NIC(
                 node=node,
                 name=nic_name,
@@ -528,9 +543,7 @@ class _Derivation:
                     continue
                 old = (
                     self.nics.get((name, cname))
-                    or next(
-                        (n for (nn, _), n in self.nics.items() if nn == name and cname in n.aliases()), None
-                    )
+                    or next((n for n in self.nics.on(name) if cname in n.aliases()), None)
                     or NIC(node=name, name=cname)
                 )
                 self.nics[(name, old.name)] = replace(
@@ -682,7 +695,7 @@ class _Derivation:
             idx = int(rec["index"])
             bus = str(rec["bus"])
             bus = bus if bus.count(":") == 2 and "." in bus else bus + ".0" if bus.count(":") == 2 else bus
-            existing = next((g for (n, _), g in self.gpus.items() if n == node and g.index == idx), None)
+            existing = next((g for g in self.gpus.on(node) if g.index == idx), None)
             g = existing or GPU(node=node, name=f"gpu-{idx}", index=idx)
             self.gpus[(node, g.name)] = replace(
                 g,
@@ -710,7 +723,7 @@ class _Derivation:
     def _pairings(self) -> dict[tuple[str, str], Pairing]:
         out: dict[tuple[str, str], Pairing] = {}
         for (node, gname), gpu in self.gpus.items():
-            nics = [n for (nn, _), n in self.nics.items() if nn == node and n.rdma is not False]
+            nics = [n for n in self.nics.on(node) if n.rdma is not False]
             out[(node, gname)] = self._pair_one(gpu, nics)
         return out
 
@@ -924,13 +937,11 @@ class _Derivation:
         if g:
             return g
         m = re.search(r"(\d+)$", ref)
-        hits = [g for (n, _), g in self.gpus.items() if n == node and m and g.index == int(m.group(1))]
+        hits = [g for g in self.gpus.on(node) if m and g.index == int(m.group(1))]
         return hits[0] if len(hits) == 1 else None
 
     def _find_nic(self, node: str, ref: str) -> NIC | None:
-        return self.nics.get((node, ref)) or next(
-            (c for (n, _), c in self.nics.items() if n == node and ref in c.aliases()), None
-        )
+        return self.nics.get((node, ref)) or next((c for c in self.nics.on(node) if ref in c.aliases()), None)
 
     def _finish_node(self, n: dict[str, Any]) -> Node:
         labels: dict[str, str] = n["labels"]
@@ -975,7 +986,7 @@ class _Derivation:
             return cfg, "railtrace topology `rdma`"
         if machine and TCP_ONLY_MACHINES.match(machine):
             return False, f"{machine} uses GPUDirect-TCPX/TCPXO, which UCX cannot use: TCP is expected"
-        rdma_nics = [n.label for (nn, _), n in self.nics.items() if nn == node and n.rdma]
+        rdma_nics = [n.label for n in self.nics.on(node) if n.rdma]
         if rdma_nics:
             return True, f"RDMA NICs {', '.join(sorted(rdma_nics)[:4])}{'…' if len(rdma_nics) > 4 else ''}"
         if machine and RDMA_MACHINES.match(machine):
@@ -1009,10 +1020,10 @@ class _Derivation:
         return gaps
 
     def gpus_on(self, node: str) -> list[GPU]:
-        return [g for (n, _), g in self.gpus.items() if n == node]
+        return [g for g in self.gpus.on(node)]
 
     def nics_on(self, node: str) -> list[NIC]:
-        return [c for (n, _), c in self.nics.items() if n == node]
+        return [c for c in self.nics.on(node)]
 
 
 def _describe_gpu(g: GPU, method: str) -> str:

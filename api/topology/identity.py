@@ -74,7 +74,7 @@ def resolve_address(topology: Topology, address: str | None) -> tuple[Pod | None
 def resolve_engine(topology: Topology, engine_id: str | None) -> Pod | None:
     if not engine_id:
         return None
-    hits = [p for p in topology.pods.values() if p.engine_id == engine_id]
+    hits = topology.pods_with_engine(engine_id)
     return hits[0] if len(hits) == 1 else None
 
 

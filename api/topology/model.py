@@ -192,6 +192,16 @@ class Topology:
             for addr in (*node.addresses, node.host):
                 if addr:
                     node_by_addr.setdefault(addr, node.name)
+        gpus_by_node: dict[str, list[GPU]] = {}
+        for g in self.gpus:
+            gpus_by_node.setdefault(g.node, []).append(g)
+        nics_by_node: dict[str, list[NIC]] = {}
+        for n in self.nics:
+            nics_by_node.setdefault(n.node, []).append(n)
+        by_engine: dict[str, list[Pod]] = {}
+        for pod in self.pods.values():
+            if pod.engine_id:
+                by_engine.setdefault(pod.engine_id, []).append(pod)
         alloc_by_pod: dict[str, list[Allocation]] = {}
         for alloc in self.allocations:
             for pod_name in alloc.pods:
@@ -204,6 +214,9 @@ class Topology:
             ("_pods_by_name", by_name),
             ("_node_by_addr", node_by_addr),
             ("_alloc_by_pod", alloc_by_pod),
+            ("_gpus_by_node", gpus_by_node),
+            ("_nics_by_node", nics_by_node),
+            ("_pods_by_engine", by_engine),
         ):
             object.__setattr__(self, name, value)
 
@@ -224,10 +237,13 @@ class Topology:
         return self._nics.get((node, name))  # type: ignore[attr-defined]
 
     def gpus_on(self, node: str) -> list[GPU]:
-        return [g for g in self.gpus if g.node == node]
+        return list(self._gpus_by_node.get(node, []))  # type: ignore[attr-defined]
 
     def nics_on(self, node: str) -> list[NIC]:
-        return [n for n in self.nics if n.node == node]
+        return list(self._nics_by_node.get(node, []))  # type: ignore[attr-defined]
+
+    def pods_with_engine(self, engine_id: str) -> list[Pod]:
+        return list(self._pods_by_engine.get(engine_id, []))  # type: ignore[attr-defined]
 
     def pairing(self, node: str | None, gpu: str | None) -> Pairing | None:
         if not node or not gpu:
@@ -321,9 +337,13 @@ class Topology:
             d["labels"] = dict(node.labels)
             d["addresses"] = list(node.addresses)
             d["sources"] = list(node.sources)
-            d["gpus"] = [_clean(asdict(g)) for g in self.gpus if g.node == node.name]
-            d["nics"] = [_clean(asdict(n)) for n in self.nics if n.node == node.name]
-            d["pairings"] = [_clean(asdict(p)) for p in self.pairings if p.node == node.name]
+            d["gpus"] = [_clean(asdict(g)) for g in self.gpus_on(node.name)]
+            d["nics"] = [_clean(asdict(n)) for n in self.nics_on(node.name)]
+            d["pairings"] = [
+                _clean(asdict(p))
+                for p in (self.pairing(node.name, g.name) for g in self.gpus_on(node.name))
+                if p
+            ]
             for g in d["gpus"]:
                 g.pop("node", None)
             for n in d["nics"]:
