@@ -817,6 +817,7 @@ class _Derivation:
             results=tuple(res_out),
             alignment=alignment,
             evidence=tuple(evidence),
+            pod_claim_name=(md.get("annotations") or {}).get(POD_CLAIM_ANNOTATION),
         )
 
     @staticmethod

@@ -129,6 +129,7 @@ class Allocation:
     results: tuple[dict[str, str], ...]
     alignment: str  # ALIGNED | MISALIGNED | UNKNOWN | NOT_APPLICABLE
     evidence: tuple[str, ...] = ()
+    pod_claim_name: str | None = None  # the pod's name for the claim (resource.kubernetes.io/pod-claim-name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -197,6 +197,12 @@ def check_template(
             elif n["ifNamePrefix"] and _GPU_PREFIX.match(n["ifNamePrefix"]):
                 evidence.append(f"NIC chosen by GPU-named interface prefix {n['ifNamePrefix']}")
                 statuses.append(ALIGNED)
+            elif _takes_every_nic(n, nics):
+                evidence.append(
+                    f"NIC request {n['request']} takes {n['count']} NICs, every RDMA NIC of the GPU nodes "
+                    "known: each GPU gets its own NIC among them"
+                )
+                statuses.append(ALIGNED)
             else:
                 evidence.append(f"nothing ties NIC request {n['request']} to GPU request {g['request']}")
                 statuses.append(MISALIGNED)
@@ -205,3 +211,13 @@ def check_template(
     elif statuses and all(s == ALIGNED for s in statuses):
         alignment = ALIGNED
     return done(alignment)
+
+
+def _takes_every_nic(req: dict[str, Any], nics: list[NIC]) -> bool:
+    """A NIC request whose count equals the RDMA NIC count of every known node (e.g. 4gpu-8nic)."""
+    count = req.get("count")
+    per_node: dict[str, int] = {}
+    for n in nics:
+        if n.rdma:
+            per_node[n.node] = per_node.get(n.node, 0) + 1
+    return isinstance(count, int) and bool(per_node) and all(v == count for v in per_node.values())

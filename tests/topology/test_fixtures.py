@@ -80,7 +80,7 @@ def test_aws_p4d_claim_is_aligned(fix: Path) -> None:
         ("nccl-test-dra-worker-0",),
         AWS_NODE,
     )
-    assert a.gpus == ("gpu-6",) and a.nics == ("pci-0000-a0-1b-0",)
+    assert a.gpus == ("gpu-6",) and a.nics == ("pci-0000-a0-1b-0",) and a.pod_claim_name == "gpu-efa"
     assert a.alignment == ALIGNED and "pcieRoot pci0000:a0" in a.evidence[0]
     assert t.pods_named("nccl-test-dra-worker-0")[0].node == AWS_NODE
 
@@ -254,6 +254,14 @@ def test_oci_gb200_claim_templates(fix: Path) -> None:
         got["1nic-aligned"] == ALIGNED and got["2nic-aligned"] == ALIGNED and got["4nic-aligned"] == ALIGNED
     )
     assert got["1nic-unaligned"] == MISALIGNED
+    assert got["4gpu-8nic"] == MISALIGNED  # without the NIC slice nothing shows 8 is every NIC
+    t = load_paths(
+        [
+            _d(fix) / "oci_oke_examples__BM.GPU.GB200-v3.4__resource-claim-template.yaml",
+            _d(fix) / "oci_oke_examples__BM.GPU.GB200-v3.4__resourceslice-dranet.yaml",
+        ]
+    )
+    assert _template(t, "4gpu-8nic").alignment == ALIGNED  # 8 = every RDMA NIC of the GB200 node
 
 
 def test_oci_gb200_placement_group_templates(fix: Path) -> None:
