@@ -552,6 +552,8 @@ class KubernetesTopologySource:
     def _normalise(kind: _Kind, api_version: str, raw: dict[str, Any]) -> dict[str, Any]:
         # List items carry no kind/apiVersion; the builder dispatches on them.
         raw.setdefault("kind", kind.kind)
+        # Field-manager bookkeeping is often the largest part of a Pod; the model never reads it.
+        (raw.get("metadata") or {}).pop("managedFields", None)
         raw.setdefault("apiVersion", api_version)
         if kind.kind == "ResourceSlice" and raw.get("apiVersion", "").endswith("/v1beta1"):
             _flatten_v1beta1_devices(raw)

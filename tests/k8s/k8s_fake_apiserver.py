@@ -126,6 +126,20 @@ class FakeApiServer:
             if path.endswith("/" + plural) and (query.get("watch", ["false"])[0] in ("true", "1")) == watch
         )
 
+    def watch_versions(self, kind: str) -> list[int]:
+        """The resourceVersion each watch request for `kind` started from, in order."""
+        plural = KINDS[kind][1]
+        return [
+            int(query.get("resourceVersion", ["0"])[0] or 0)
+            for path, query in list(self.requests)
+            if path.endswith("/" + plural) and query.get("watch", ["false"])[0] in ("true", "1")
+        ]
+
+    @property
+    def resource_version(self) -> int:
+        with self._cond:
+            return self._rv
+
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> FakeApiServer:
@@ -269,6 +283,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _bookmark(self, kind: str, api_version: str) -> dict[str, Any]:
+        return {"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": str(self.api._rv)}}
+
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
@@ -322,6 +339,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._chunk(b"")
                 return
             sent_rv = from_rv
+            bookmarks = query.get("allowWatchBookmarks", ["false"])[0] in ("true", "1")
+            ended = False
             while True:
                 with api._cond:
                     if api._closing:
@@ -346,12 +365,19 @@ class _Handler(BaseHTTPRequestHandler):
                     if not pending:
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
-                            break
-                        api._cond.wait(min(remaining, 0.5))
-                        continue
+                            if bookmarks:
+                                # Nothing of this kind is newer than the current version: say so,
+                                # as the real server does, so the client resumes from there.
+                                pending = [{"type": "BOOKMARK", "object": self._bookmark(kind, api_version)}]
+                                ended = True
+                            else:
+                                break
+                        else:
+                            api._cond.wait(min(remaining, 0.5))
+                            continue
                 for event in pending:
                     self._chunk(json.dumps(event).encode() + b"\n")
-                if pending and pending[-1]["type"] == "ERROR":
+                if ended or (pending and pending[-1]["type"] == "ERROR"):
                     break
             self._chunk(b"")
         except (BrokenPipeError, ConnectionResetError):

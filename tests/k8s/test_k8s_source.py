@@ -171,6 +171,22 @@ def _cluster(tmp_path: Path, dra_versions: tuple[str, ...], objects: list[dict[s
         server.stop()
 
 
+def test_bookmarks_move_the_resume_point_forward(apiserver: FakeApiServer, make_source) -> None:
+    """Other kinds' changes advance the version; a bookmark lets the Pod watch resume past them,
+    so a quiet kind does not fall behind the compaction window and need a re-list."""
+    _load(apiserver, aws_objects())
+    source, holder = make_source(watch_timeout_s=1)
+    _wait(source, lambda: f"default/{POD}" in _pods(holder), "the AWS pod")
+    apiserver.put(next(o for o in azure_objects() if o["kind"] == "Node"))
+    moved_to = apiserver.resource_version
+    _wait(
+        source,
+        lambda: max(apiserver.watch_versions("Pod")) >= moved_to,
+        "a Pod watch resuming from the bookmark",
+    )
+    assert source.status()["Pod"]["relists_after_gone"] == 0
+
+
 def test_falls_back_to_older_dra_versions(tmp_path: Path) -> None:
     with _cluster(tmp_path, ("v1beta1",), aws_objects()) as (src, holder):
         _wait(src, lambda: len(holder.get().gpus) == 8, "the GPUs of the v1beta1 slices")
