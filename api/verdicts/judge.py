@@ -279,10 +279,15 @@ def _path_and_nic_flags(ctx: _Ctx, transport: str) -> str:
 
 
 def _tcp_fallback(ctx: _Ctx, transport: str) -> None:
-    if transport != Transport.TCP.value or ctx.kv is None:
+    """TCP where both ends have RDMA; a TCP lane in a split counts too (`28% on tcp/eth0`)."""
+    tcp_lanes = [ln for ln in ctx.lanes if ln.transport == Transport.TCP.value]
+    if ctx.kv is None or (transport != Transport.TCP.value and not tcp_lanes):
         return
     nodes = [(ctx.topology.node(ep.node), ep) for ep in (ctx.prefill, ctx.decode)]
-    lanes = ", ".join(ln.raw for ln in ctx.lanes) or "no devices"
+    if transport == Transport.TCP.value:
+        lanes = ", ".join(ln.raw for ln in ctx.lanes) or "no devices"
+    else:
+        lanes = ", ".join(f"{ln.raw} carried {ln.share:.0%} of bytes" for ln in tcp_lanes)
     src = sc.KV_TRANSPORT if ctx.kv.transport == Transport.TCP.value else sc.KV_DEVICES
     if any(n is None for n, _ in nodes):
         ctx.notes.append("TCP, but a node is not in the topology: RDMA availability unknown")

@@ -84,6 +84,12 @@ def test_tcp_with_unknown_node_is_not_flagged(fleet: Topology) -> None:
     assert "RDMA availability unknown" in s.kv_transfer.evidence
 
 
+def test_tcp_lane_in_a_split_is_a_fallback(fleet: Topology) -> None:
+    k = kv(devices=["rc_mlx5/mlx5_0:1", "tcp/eth0"], split=[0.6, 0.4])
+    ev = flag(judge(facts(kvf=k), fleet), "tcp_fallback").evidence
+    assert "llm_d.kv_transfer.devices" in ev and "tcp/eth0 carried 40% of bytes" in ev
+
+
 def test_rdma_is_never_tcp_fallback(fleet: Topology) -> None:
     assert "tcp_fallback" not in names(judge(facts(kvf=kv()), fleet))
 
