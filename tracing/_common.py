@@ -23,9 +23,25 @@ _W3C = TraceContextTextMapPropagator()
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.26.0"
 
 
+_TRACERS: dict[tuple[str, int], tuple[trace.TracerProvider, trace.Tracer]] = {}
+
+
 def get_tracer(name: str, tracer_provider: trace.TracerProvider | None = None) -> trace.Tracer:
-    """A tracer of the shim `name` on the given provider (the global one when None)."""
-    return trace.get_tracer(name, __version__, tracer_provider, schema_url=SCHEMA_URL)
+    """A tracer of the shim `name` on the given provider (the global one when None).
+
+    Cached per provider object: creating an SDK tracer costs more than a span.
+    """
+    if tracer_provider is None:
+        tracer_provider = trace.get_tracer_provider()  # a later set_tracer_provider gives a new key
+    key = (name, id(tracer_provider))
+    hit = _TRACERS.get(key)
+    if hit is not None and hit[0] is tracer_provider:
+        return hit[1]
+    tracer = trace.get_tracer(name, __version__, tracer_provider, schema_url=SCHEMA_URL)
+    if len(_TRACERS) > 256:
+        _TRACERS.clear()
+    _TRACERS[key] = (tracer_provider, tracer)
+    return tracer
 
 
 def enabled_shims(environ: Mapping[str, str] | None = None) -> set[str]:

@@ -158,10 +158,7 @@ def initiator_main(args: argparse.Namespace) -> int:
             except OSError:
                 pass
         target.wait(timeout=30)
-    inst.flush_deferred(final=False)
-    deadline = time.monotonic() + 2
-    while inst.flush_deferred(final=False) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    inst.force_flush()
     provider.force_flush()
     result["spans"] = [_span_dict(s) for s in exporter.get_finished_spans()]
     result["ucx_log"] = inst.capture.path

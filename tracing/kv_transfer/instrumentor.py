@@ -24,7 +24,7 @@ from opentelemetry.instrumentation.utils import unwrap
 
 from railtrace_tracing import semconv as sc
 from railtrace_tracing._common import GatedInstrumentor, extract_context, logger
-from railtrace_tracing.kv_transfer.recorder import KVTransferRecord, descriptor_bytes, start_kv_transfer
+from railtrace_tracing.kv_transfer.recorder import descriptor_bytes, emit_kv_transfer
 from railtrace_tracing.kv_transfer.ucx_capture import UcxLogCapture
 
 NIXL_MODULES = ("nixl._api", "nixl_cu12._api", "nixl_cu13._api")
@@ -104,16 +104,19 @@ class _Pending:
     descriptors: int | None
     remote_agent: str | None
     scope: TransferScope | None = None
-    record: KVTransferRecord | None = None
+    posted_ns: int | None = None  # set by transfer(); None when no transfer is in flight
+    descs: Any = None  # descriptor list whose lengths give bytes/descriptors
+    parent: otel_context.Context | None = None
 
 
 class NixlKVTransferInstrumentor(GatedInstrumentor):
     """OpenTelemetry instrumentor for NIXL transfers (entry point `railtrace_nixl`).
 
-    `instrument(tracer_provider=None, capture_ucx_log=True, ucx_log_path=None, evidence_grace_s=1.0)`.
-    Call it before the first `nixl_agent` is created so that UCX logs where the shim reads. A span
-    whose UCX table is not in the log yet is ended up to `evidence_grace_s` later (with its real
-    end time); `flush_deferred()` ends such spans at once.
+    `instrument(tracer_provider=None, capture_ucx_log=True, ucx_log_path=None, evidence_grace_s=1.0,
+    background_emit=True, vllm_hook=True)`. Call it before the first `nixl_agent` is created so that
+    UCX logs where the shim reads. The transfer's own thread only notes post and completion times;
+    a background thread looks up the evidence and emits the span with those times (waiting up to
+    `evidence_grace_s` for UCX to write the table). `force_flush()` waits for pending spans.
     """
 
     shim_name = "nixl"
@@ -131,9 +134,12 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         self._lock = threading.Lock()
         self._patched: list[Any] = []
         self._active = False
-        self._deferred: list[tuple[KVTransferRecord, str, str, int, float]] = []
-        self._flusher: threading.Thread | None = None
+        self._deferred: list[tuple[dict[str, Any], str | None, str, str, int, float]] = []
+        self._worker: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._inflight = 0
         self._grace_s = 1.0
+        self._async = True
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return ()  # nixl ships as nixl, nixl-cu12 or nixl-cu13; checked at import time instead
@@ -143,6 +149,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         self._tracer_provider = kwargs.get("tracer_provider")
         self._active = True
         self._grace_s = float(kwargs.get("evidence_grace_s", 1.0))
+        self._async = bool(kwargs.get("background_emit", True))
         if kwargs.get("capture_ucx_log", True):
             self.capture = UcxLogCapture(kwargs.get("ucx_log_path"))
             self.capture.configure()
@@ -182,10 +189,8 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             pending = list(self._pending.values())
             self._pending.clear()
             self._dlists.clear()
-        for p in pending:
-            if p.record is not None:
-                p.record.end()
         self.flush_deferred(final=True)
+        del pending  # transfers in flight at uninstrument() are not reported
 
     # -- wrappers -------------------------------------------------------------------------
     def _w_init(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -217,8 +222,8 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             op = kwargs.get("operation", args[0] if args else "")
             local = kwargs.get("local_descs", args[1] if len(args) > 1 else None)
             remote_agent = kwargs.get("remote_agent", args[3] if len(args) > 3 else None)
-            nbytes, ndesc = descriptor_bytes(local)
-            self._remember(instance, handle, op, nbytes, ndesc, remote_agent)
+            self._remember(instance, handle, op, None, None, remote_agent)
+            self._pending[id(handle)].descs = local  # summed off the transfer's thread
         except Exception:
             logger.debug("railtrace: initialize_xfer", exc_info=True)
         return handle
@@ -253,29 +258,19 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             handle = kwargs.get("handle", args[0] if args else None)
             with self._lock:
                 p = self._pending.get(id(handle))
-            if p is None:
-                p = _Pending(handle, str(getattr(instance, "name", "")), "", None, None, None)
-                with self._lock:
+                if p is None:
+                    p = _Pending(handle, str(getattr(instance, "name", "")), "", None, None, None)
                     self._pending[id(handle)] = p
-            if p.record is not None:  # re-post of the same handle: the previous transfer is over
+            if p.posted_ns is not None:  # re-post of the same handle: the previous transfer is over
                 self._finish(instance, p, None)
             scope = _SCOPE.get()
             p.scope = scope
-            p.record = start_kv_transfer(
-                tracer_provider=self._tracer_provider,
-                operation=p.operation or "unknown",
-                request_id=scope.request_id if scope else None,
-                bytes=p.bytes,
-                descriptors=p.descriptors,
-                local_gpu=scope.local_gpu if scope else None,
-                remote_host=scope.remote_host if scope else None,
-                remote_engine_id=(scope.remote_engine_id if scope else None) or p.remote_agent,
-                parent=scope.parent if scope else None,
-                start_time_ns=start,
-                attributes=scope.attributes if scope else None,
+            p.parent = (
+                scope.parent if scope is not None and scope.parent is not None else otel_context.get_current()
             )
-            if state == "ERR":
-                self._finish(instance, p, "ERR")
+            p.posted_ns = start
+            if state in ("DONE", "ERR"):  # small transfers can complete inside the post
+                self._finish(instance, p, state)
         except Exception:
             logger.debug("railtrace: transfer", exc_info=True)
         return state
@@ -285,9 +280,8 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         if state == "DONE" or state == "ERR":
             try:
                 handle = kwargs.get("handle", args[0] if args else None)
-                with self._lock:
-                    p = self._pending.get(id(handle))
-                if p is not None and p.record is not None:
+                p = self._pending.get(id(handle))
+                if p is not None and p.posted_ns is not None:
                     self._finish(instance, p, state)
             except Exception:
                 logger.debug("railtrace: check_xfer_state", exc_info=True)
@@ -298,7 +292,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             handle = kwargs.get("handle", args[0] if args else None)
             with self._lock:
                 p = self._pending.pop(id(handle), None)
-            if p is not None and p.record is not None:
+            if p is not None and p.posted_ns is not None:
                 self._finish(instance, p, "RELEASED")
         except Exception:
             logger.debug("railtrace: release_xfer_handle", exc_info=True)
@@ -306,78 +300,133 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
 
     # -- completion -----------------------------------------------------------------------
     def _finish(self, agent: Any, p: _Pending, state: str | None) -> None:
-        rec, p.record = p.record, None
-        if rec is None:
+        """Emit the span once, with every attribute, timed from post to now."""
+        if p.posted_ns is None:
             return
+        start, p.posted_ns = p.posted_ns, None
         end = time.time_ns()
+        extra: dict[str, Any] = {}
+        nbytes, ndesc = p.bytes, p.descriptors
+        if nbytes is None and p.descs is not None and not self._async:
+            nbytes, ndesc = descriptor_bytes(p.descs)
         if id(agent) in self._telemetry_agents and state == "DONE":
-            self._telemetry(agent, p, rec)
+            nbytes, ndesc, extra = self._telemetry(agent, p, nbytes, ndesc)
+        error = None
         if state == "ERR":
-            rec.fail("nixl_xfer_err", "NIXL reported ERR")
+            error = "nixl_xfer_err"
         elif state == "RELEASED":
-            rec.fail("released_before_done", "handle released before NIXL reported DONE")
-        if rec.attributes.get(sc.KV_TRANSPORT) == sc.Transport.UNKNOWN.value:
-            ev = self.capture.evidence(p.agent or None, p.operation or None)
-            if ev is None and self.capture.configured and self._grace_s > 0:
-                # UCX may not have flushed the table yet: end the span later, at the time it ended.
-                self._defer(rec, p.agent, p.operation, end)
-                return
-            rec.set_evidence(ev)
-        rec.end(end)
+            error = "released_before_done"
+        scope = p.scope
+        fields = {
+            "tracer_provider": self._tracer_provider,
+            "operation": p.operation or "unknown",
+            "request_id": scope.request_id if scope else None,
+            "bytes": nbytes,
+            "descriptors": ndesc,
+            "local_gpu": scope.local_gpu if scope else None,
+            "remote_host": scope.remote_host if scope else None,
+            "remote_engine_id": (scope.remote_engine_id if scope else None) or p.remote_agent,
+            "parent": p.parent,
+            "start_time_ns": start,
+            "attributes": {**(scope.attributes if scope else {}), **extra} or None,
+        }
+        if nbytes is None and p.descs is not None:
+            fields["_descs"] = p.descs
+        item = (fields, error, p.agent, p.operation, end, time.monotonic() + self._grace_s)
+        if self._async:
+            with self._lock:
+                self._deferred.append(item)
+                backlog = len(self._deferred)
+            self._ensure_worker()
+            if backlog >= 256:  # otherwise the emitter wakes on its own timer, batching spans
+                self._wake.set()
+            return
+        ev = self.capture.evidence(p.agent or None, p.operation or None)
+        if ev is None and self.capture.configured and self._grace_s > 0:
+            # UCX may not have flushed the table yet: emit later, with the real end time.
+            with self._lock:
+                self._deferred.append(item)
+            self._ensure_worker()
+            return
+        fields.pop("_descs", None)
+        emit_kv_transfer(end_time_ns=end, error_type=error, evidence=ev, **fields)
 
-    def _defer(self, rec: KVTransferRecord, agent: str, op: str, end_ns: int) -> None:
-        with self._lock:
-            self._deferred.append((rec, agent, op, end_ns, time.monotonic() + self._grace_s))
-            if self._flusher is None or not self._flusher.is_alive():
-                self._flusher = threading.Thread(target=self._flush_loop, name="railtrace-kv", daemon=True)
-                self._flusher.start()
+    def _ensure_worker(self) -> None:
+        if self._worker is None or not self._worker.is_alive():
+            with self._lock:
+                if self._worker is None or not self._worker.is_alive():
+                    self._worker = threading.Thread(target=self._work, name="railtrace-kv", daemon=True)
+                    self._worker.start()
 
-    def _flush_loop(self) -> None:
+    def _work(self) -> None:
+        """Background emitter: evidence lookup and span creation off the transfer's thread."""
         while True:
-            time.sleep(0.02)
-            if not self.flush_deferred(final=False):
-                return
+            self._wake.wait(0.05)
+            self._wake.clear()
+            try:
+                self.flush_deferred(final=False)
+            except Exception:
+                logger.debug("railtrace: kv emitter", exc_info=True)
 
     def flush_deferred(self, final: bool = True) -> int:
-        """End deferred spans whose evidence has arrived (all of them when `final`); returns how
-        many are still waiting."""
+        """Emit pending spans whose evidence has arrived (all of them when `final`, or whose grace
+        has passed); returns how many are still waiting."""
         with self._lock:
             items, self._deferred = self._deferred, []
+            self._inflight += len(items)
         keep = []
         now = time.monotonic()
+        if items and self.capture.configured:
+            self.capture.poll()  # once per batch
         for item in items:
-            rec, agent, op, end_ns, deadline = item
-            ev = self.capture.evidence(agent or None, op or None)
-            if ev is not None or final or now >= deadline:
-                rec.set_evidence(ev)
-                rec.end(end_ns)
-            else:
-                keep.append(item)
+            fields, error, agent, op, end_ns, deadline = item
+            try:
+                ev = (
+                    self.capture.evidence(agent or None, op or None, poll=False)
+                    if self.capture.configured
+                    else None
+                )
+                if ev is not None or final or now >= deadline or not self.capture.configured:
+                    descs = fields.pop("_descs", None)
+                    if descs is not None:
+                        fields["bytes"], fields["descriptors"] = descriptor_bytes(descs)
+                    emit_kv_transfer(end_time_ns=end_ns, error_type=error, evidence=ev, **fields)
+                else:
+                    keep.append(item)
+            except Exception:
+                logger.debug("railtrace: kv span dropped", exc_info=True)
         with self._lock:
             self._deferred.extend(keep)
+            self._inflight -= len(items)
             return len(self._deferred)
 
-    def _telemetry(self, agent: Any, p: _Pending, rec: KVTransferRecord) -> None:
+    def force_flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every finished transfer's span is emitted (evidence or grace); True if all were."""
+        deadline = time.monotonic() + timeout_s
+        self._wake.set()
+        while time.monotonic() < deadline:
+            if self.flush_deferred(final=False) == 0 and self._inflight == 0:
+                return True
+            time.sleep(0.01)
+        self.flush_deferred(final=True)
+        return self._inflight == 0
+
+    def _telemetry(self, agent: Any, p: _Pending, nbytes: Any, ndesc: Any) -> tuple[Any, Any, dict[str, Any]]:
+        """NIXL's own numbers when telemetry is on (bytes, descriptors, post and transfer time)."""
+        extra: dict[str, Any] = {}
         try:
             tel = agent.get_xfer_telemetry(p.handle)
-        except Exception:
-            return
-        try:
-            total = getattr(tel, "totalBytes", None)
-            count = getattr(tel, "descCount", None)
-            if total is not None:
-                rec.set(bytes=int(total))
-            if count is not None:
-                rec.set(descriptors=int(count))
-            extra = {}
+            if getattr(tel, "totalBytes", None) is not None:
+                nbytes = int(tel.totalBytes)
+            if getattr(tel, "descCount", None) is not None:
+                ndesc = int(tel.descCount)
             if getattr(tel, "postDuration", None) is not None:
                 extra[sc.KV_POST_DURATION_S] = float(tel.postDuration) / 1e6
             if getattr(tel, "xferDuration", None) is not None:
                 extra[sc.KV_XFER_DURATION_S] = float(tel.xferDuration) / 1e6
-            if rec.span is not None and extra:
-                rec.span.set_attributes(extra)
         except Exception:
-            pass
+            logger.debug("railtrace: no NIXL telemetry", exc_info=True)
+        return nbytes, ndesc, extra
 
 
 def _op(op: Any) -> str:

@@ -82,6 +82,8 @@ class UcxLogCapture:
         with self._lock:
             flush_stdio()
             try:
+                if os.stat(path).st_size == self._offset:
+                    return False  # nothing new: skip the open/read
                 with open(path, encoding="utf-8", errors="replace") as fh:
                     fh.seek(self._offset)
                     chunk = fh.read()
@@ -98,10 +100,12 @@ class UcxLogCapture:
             self._cache.clear()
             return True
 
-    def evidence(self, context: str | None, operation: str | None) -> Evidence | None:
-        """Evidence for the endpoint of `context` (NIXL agent name) doing `operation`; None if none."""
+    def evidence(self, context: str | None, operation: str | None, poll: bool = True) -> Evidence | None:
+        """Evidence for the endpoint of `context` (NIXL agent name) doing `operation`; None if none.
+        `poll=False` uses what was read so far (callers that polled once for a batch)."""
         try:
-            self.poll()
+            if poll:
+                self.poll()
             key = (context, operation)
             with self._lock:
                 cached = self._cache.get(key)
