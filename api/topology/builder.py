@@ -965,6 +965,8 @@ class _Derivation:
         if nvl is None and n.get("cd_domain"):
             nvl, nvl_src = n["cd_domain"], "ComputeDomain status.nodes[].cliqueID"
         machine, _ = pick("machine_type", MACHINE_LABELS, "machine_type")
+        if nvl is None and subblock and machine and machine.lower().startswith("a4x"):
+            nvl, nvl_src = subblock, "A4X: one sub-block is one NVL72 domain"
         rdma, reason = self._rdma_path(n["name"], n.get("cfg_rdma"), machine)
         return Node(
             name=n["name"],

@@ -221,3 +221,16 @@ def test_pods_from_claims_only_when_the_source_lists_no_pods() -> None:
     b.add_k8s_object(claim, source="cluster")
     b.add_k8s_object({"kind": "Pod", "metadata": {"name": "other", "namespace": "d"}}, source="cluster")
     assert b.build().pods_named("gone") == []  # the same source lists pods: "gone" is gone
+
+
+def test_a4x_subblock_is_an_nvlink_domain() -> None:
+    b = TopologyBuilder()
+    for name, sub in (("x1", "s1"), ("x2", "s1"), ("x3", "s2")):
+        labels = {
+            "cloud.google.com/gce-topology-subblock": sub,
+            "cloud.google.com/gce-topology-block": "b",
+            "node.kubernetes.io/instance-type": "a4x-highgpu-4g",
+        }
+        b.add_k8s_object({"kind": "Node", "metadata": {"name": name, "labels": labels}})
+    t = b.build()
+    assert t.level_between("x1", "x2")[0] == "nvlink_domain" and t.level_between("x1", "x3")[0] == "block"
