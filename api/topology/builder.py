@@ -309,7 +309,9 @@ class _Derivation:
             fn(obj, src)
             return True
         except (AttributeError, TypeError, ValueError, KeyError, IndexError) as exc:
-            kind, _ns, name = _meta(obj) if isinstance(obj, Mapping) else ("input", None, "")
+            kind, _ns, name = _meta(obj) if isinstance(obj, Mapping) else ("entry", None, repr(obj)[:40])
+            if isinstance(obj, Mapping) and not obj.get("metadata"):
+                kind, name = kind or "entry", str(obj.get("name", "<unnamed>"))
             where = f" ({src})" if src else ""
             self.warnings.append(
                 f"{kind or 'document'} {name}{where}: malformed, skipped ({type(exc).__name__}: {exc})"
@@ -500,98 +502,105 @@ class _Derivation:
             self.nics[(node, nic.name)] = replace(nic, sources=unique((*nic.sources, src)))
 
     def _doc(self, doc: dict[str, Any], src: str) -> None:
+        """railtrace topology YAML; one bad node or pod entry is reported and costs nothing else."""
         for nd_doc in doc.get("nodes") or []:
-            name = str(nd_doc.get("name", ""))
-            if not name:
-                self.warnings.append(f"{src}: node without name skipped")
-                continue
-            nd = self.node(name, src)
-            nd["labels"].update({str(k): str(v) for k, v in (nd_doc.get("labels") or {}).items()})
-            nd["addresses"].extend(str(a) for a in nd_doc.get("addresses") or [])
-            for key, field_name in (
-                ("zone", "zone"),
-                ("block", "block"),
-                ("subblock", "subblock"),
-                ("host", "host"),
-                ("nvlinkDomain", "nvlink_domain"),
-                ("machineType", "machine_type"),
-            ):
-                if nd_doc.get(key) is not None:
-                    nd["cfg_" + field_name] = str(nd_doc[key])
-            if "rdma" in nd_doc:
-                nd["cfg_rdma"] = bool(nd_doc["rdma"])
-            for g in nd_doc.get("gpus") or []:
-                gname = str(g.get("name") if g.get("name") is not None else f"gpu-{g.get('index')}")
-                old = self.gpus.get((name, gname)) or GPU(node=name, name=gname)
-                self.gpus[(name, gname)] = replace(
-                    old,
-                    index=_int(g.get("index"))
-                    if g.get("index") is not None
-                    else (old.index if old.index is not None else _int(re.sub(r"\D", "", gname))),
-                    uuid=g.get("uuid", old.uuid),
-                    pci_bus_id=g.get("pciBusID", old.pci_bus_id),
-                    pcie_root=g.get("pcieRoot", old.pcie_root),
-                    numa=_int(g["numa"]) if g.get("numa") is not None else old.numa,
-                    numa_source="railtrace topology" if g.get("numa") is not None else old.numa_source,
-                    product=g.get("product", old.product),
-                    sources=unique((*old.sources, src)),
-                )
-            for c in nd_doc.get("nics") or []:
-                cname = str(c.get("name", ""))
-                if not cname:
-                    self.warnings.append(f"{src}: node {name}: NIC without name skipped")
-                    continue
-                old = (
-                    self.nics.get((name, cname))
-                    or next((n for n in self.nics.on(name) if cname in n.aliases()), None)
-                    or NIC(node=name, name=cname)
-                )
-                self.nics[(name, old.name)] = replace(
-                    old,
-                    rdma=bool(c["rdma"]) if "rdma" in c else (old.rdma if old.rdma is not None else True),
-                    rdma_device=c.get(
-                        "rdmaDevice", old.rdma_device or (cname if _RDMA_NAME.match(cname) else None)
-                    ),
-                    if_name=c.get("ifName", old.if_name),
-                    pci_address=c.get("pciAddress", old.pci_address),
-                    pcie_root=c.get("pcieRoot", old.pcie_root),
-                    numa=_int(c["numa"]) if c.get("numa") is not None else old.numa,
-                    numa_source="railtrace topology" if c.get("numa") is not None else old.numa_source,
-                    rail=str(c["rail"]) if c.get("rail") is not None else old.rail,
-                    rail_source="railtrace topology" if c.get("rail") is not None else old.rail_source,
-                    network=c.get("network", old.network),
-                    sources=unique((*old.sources, src)),
-                )
-                if c.get("gpu") is not None:
-                    gref = str(c["gpu"])
-                    self.config_pairs.setdefault((name, gref), []).append(old.name)
+            self._safe(nd_doc, src, self._doc_node)
         for p in doc.get("pods") or []:
-            pname = str(p.get("name", ""))
-            if not pname:
-                self.warnings.append(f"{src}: pod without name skipped")
-                continue
-            ns = p.get("namespace")
-            ips = [str(p["ip"])] if p.get("ip") else []
-            ips += [str(x) for x in p.get("ips") or []]
-            ports = tuple(int(x) for x in (p.get("ports") or ([p["port"]] if p.get("port") else [])))
-            pod = Pod(
-                name=pname,
-                namespace=ns,
-                node=p.get("node"),
-                ips=unique(ips),
-                ports=ports,
-                role=p.get("role"),
-                engine_id=p.get("engineId"),
-                sources=(src,),
-                claims=tuple(str(x) for x in p.get("claims") or []),
+            self._safe(p, src, self._doc_pod)
+
+    def _doc_node(self, nd_doc: dict[str, Any], src: str) -> None:
+        name = str(nd_doc.get("name", ""))
+        if not name:
+            self.warnings.append(f"{src}: node without name skipped")
+            return
+        nd = self.node(name, src)
+        nd["labels"].update({str(k): str(v) for k, v in (nd_doc.get("labels") or {}).items()})
+        nd["addresses"].extend(str(a) for a in nd_doc.get("addresses") or [])
+        for key, field_name in (
+            ("zone", "zone"),
+            ("block", "block"),
+            ("subblock", "subblock"),
+            ("host", "host"),
+            ("nvlinkDomain", "nvlink_domain"),
+            ("machineType", "machine_type"),
+        ):
+            if nd_doc.get(key) is not None:
+                nd["cfg_" + field_name] = str(nd_doc[key])
+        if "rdma" in nd_doc:
+            nd["cfg_rdma"] = bool(nd_doc["rdma"])
+        for g in nd_doc.get("gpus") or []:
+            gname = str(g.get("name") if g.get("name") is not None else f"gpu-{g.get('index')}")
+            old = self.gpus.get((name, gname)) or GPU(node=name, name=gname)
+            self.gpus[(name, gname)] = replace(
+                old,
+                index=_int(g.get("index"))
+                if g.get("index") is not None
+                else (old.index if old.index is not None else _int(re.sub(r"\D", "", gname))),
+                uuid=g.get("uuid", old.uuid),
+                pci_bus_id=g.get("pciBusID", old.pci_bus_id),
+                pcie_root=g.get("pcieRoot", old.pcie_root),
+                numa=_int(g["numa"]) if g.get("numa") is not None else old.numa,
+                numa_source="railtrace topology" if g.get("numa") is not None else old.numa_source,
+                product=g.get("product", old.product),
+                sources=unique((*old.sources, src)),
             )
-            self.pods[f"{ns}/{pname}" if ns else pname] = pod
-            if p.get("gpus") or p.get("nics"):
-                # A hand-described allocation: recorded like a claim named after the pod.
-                self._doc_allocs = getattr(self, "_doc_allocs", [])
-                self._doc_allocs.append(
-                    (pod, [str(x) for x in p.get("gpus") or []], [str(x) for x in p.get("nics") or []])
-                )
+        for c in nd_doc.get("nics") or []:
+            cname = str(c.get("name", ""))
+            if not cname:
+                self.warnings.append(f"{src}: node {name}: NIC without name skipped")
+                return
+            old = (
+                self.nics.get((name, cname))
+                or next((n for n in self.nics.on(name) if cname in n.aliases()), None)
+                or NIC(node=name, name=cname)
+            )
+            self.nics[(name, old.name)] = replace(
+                old,
+                rdma=bool(c["rdma"]) if "rdma" in c else (old.rdma if old.rdma is not None else True),
+                rdma_device=c.get(
+                    "rdmaDevice", old.rdma_device or (cname if _RDMA_NAME.match(cname) else None)
+                ),
+                if_name=c.get("ifName", old.if_name),
+                pci_address=c.get("pciAddress", old.pci_address),
+                pcie_root=c.get("pcieRoot", old.pcie_root),
+                numa=_int(c["numa"]) if c.get("numa") is not None else old.numa,
+                numa_source="railtrace topology" if c.get("numa") is not None else old.numa_source,
+                rail=str(c["rail"]) if c.get("rail") is not None else old.rail,
+                rail_source="railtrace topology" if c.get("rail") is not None else old.rail_source,
+                network=c.get("network", old.network),
+                sources=unique((*old.sources, src)),
+            )
+            if c.get("gpu") is not None:
+                gref = str(c["gpu"])
+                self.config_pairs.setdefault((name, gref), []).append(old.name)
+
+    def _doc_pod(self, p: dict[str, Any], src: str) -> None:
+        pname = str(p.get("name", ""))
+        if not pname:
+            self.warnings.append(f"{src}: pod without name skipped")
+            return
+        ns = p.get("namespace")
+        ips = [str(p["ip"])] if p.get("ip") else []
+        ips += [str(x) for x in p.get("ips") or []]
+        ports = tuple(int(x) for x in (p.get("ports") or ([p["port"]] if p.get("port") else [])))
+        pod = Pod(
+            name=pname,
+            namespace=ns,
+            node=p.get("node"),
+            ips=unique(ips),
+            ports=ports,
+            role=p.get("role"),
+            engine_id=p.get("engineId"),
+            sources=(src,),
+            claims=tuple(str(x) for x in p.get("claims") or []),
+        )
+        self.pods[f"{ns}/{pname}" if ns else pname] = pod
+        if p.get("gpus") or p.get("nics"):
+            # A hand-described allocation: recorded like a claim named after the pod.
+            self._doc_allocs = getattr(self, "_doc_allocs", [])
+            self._doc_allocs.append(
+                (pod, [str(x) for x in p.get("gpus") or []], [str(x) for x in p.get("nics") or []])
+            )
 
     def _pod(self, obj: dict[str, Any], src: str) -> None:
         md = obj.get("metadata") or {}

@@ -234,3 +234,19 @@ def test_a4x_subblock_is_an_nvlink_domain() -> None:
         b.add_k8s_object({"kind": "Node", "metadata": {"name": name, "labels": labels}})
     t = b.build()
     assert t.level_between("x1", "x2")[0] == "nvlink_domain" and t.level_between("x1", "x3")[0] == "block"
+
+
+def test_one_bad_railtrace_entry_costs_nothing_else() -> None:
+    b = TopologyBuilder()
+    b.add_railtrace_doc(
+        {
+            "apiVersion": "railtrace.io/v1alpha1",
+            "kind": "Topology",
+            "nodes": [{"name": "bad", "gpus": "gpu-0"}, "not-a-node", {"name": "good", "zone": "z"}],
+            "pods": [{"name": "p", "node": "good", "ports": ["x"]}, {"name": "q", "node": "good"}],
+        }
+    )
+    t = b.build()
+    assert t.nodes["good"].zone == "z" and [p.name for p in t.pods.values()] == ["q"]
+    assert any("entry bad" in w and "malformed" in w for w in t.warnings)
+    assert any("entry p" in w for w in t.warnings) and any("not-a-node" in w for w in t.warnings)
