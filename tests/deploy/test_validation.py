@@ -50,9 +50,9 @@ def _check_jsonschema(
     return _run([tool, "--schemafile", str(schema), *files])
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_every_overlay_builds(overlay: str) -> None:
-    docs = render(f"overlays/{overlay}")
+@pytest.mark.parametrize("target", ["base", *(f"overlays/{o}" for o in OVERLAYS)])
+def test_base_and_every_overlay_build(target: str) -> None:
+    docs = render(target)
     kinds = {d["kind"] for d in docs}
     assert {"Deployment", "Service", "ServiceAccount", "ClusterRole", "NetworkPolicy"} <= kinds
     names = [(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs]
