@@ -103,11 +103,18 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
         raise RuntimeError(
             "--topology k8s needs the official Kubernetes client: pip install 'railtrace[kubernetes]'"
         ) from exc
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
-        configuration = client.Configuration()
-        config.load_incluster_config(client_configuration=configuration)
-        return client.ApiClient(configuration)
-    return config.new_client_from_config(config_file=kubeconfig, context=context)
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not os.environ.get("KUBECONFIG")
+    try:
+        if kubeconfig is None and in_cluster:
+            configuration = client.Configuration()
+            config.load_incluster_config(client_configuration=configuration)
+            return client.ApiClient(configuration)
+        return config.new_client_from_config(config_file=kubeconfig, context=context)
+    except (config.ConfigException, OSError) as exc:
+        raise RuntimeError(
+            f"--topology k8s: cannot reach a cluster ({exc}); run in a pod with a service account, "
+            "or set RAILTRACE_KUBECONFIG or KUBECONFIG to a kubeconfig file"
+        ) from exc
 
 
 def _default_builder_factory() -> _Builder:

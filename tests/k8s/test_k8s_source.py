@@ -72,6 +72,12 @@ def test_topology_k8s_is_recognised() -> None:
     assert not wants_live_topology(["/etc/railtrace/k8s-objects"])
 
 
+def test_missing_kubeconfig_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(RuntimeError, match="RAILTRACE_KUBECONFIG or KUBECONFIG"):
+        load_api_client(str(tmp_path / "no-such-kubeconfig"))
+
+
 def test_initial_list_builds_the_model_from_the_cluster(apiserver: FakeApiServer, make_source) -> None:
     _load(apiserver, aws_objects())
     source, holder = make_source()
