@@ -25,7 +25,14 @@ from typing import Any
 import httpx
 
 from railtrace.simulator import scenarios as scen
-from railtrace.simulator.emit import GENERATIONS, NAMES, Emitter, Processes, otlp_http_exporter
+from railtrace.simulator.emit import (
+    GENERATIONS,
+    NAMES,
+    Emitter,
+    Processes,
+    otlp_grpc_exporter,
+    otlp_http_exporter,
+)
 from railtrace.simulator.engine import SimRequest, simulate
 from railtrace.simulator.fleet import SHAPES, Fleet, build_fleet
 from railtrace_tracing.semconv import FlagName, PathClass
@@ -109,6 +116,7 @@ def run_demo(
     print_report: bool = True,
     quiet_period_s: float = 1.0,
     include_requests: bool = False,
+    protocol: str = "http",
 ) -> dict[str, Any]:
     """Run the whole demo and return the report (also printed unless `print_report` is False)."""
     from railtrace.server.runner import Service
@@ -140,7 +148,10 @@ def run_demo(
         _say(f"railtrace demo: service on {svc.http_url} (OTLP/gRPC {svc.grpc_endpoint})")
         span_end = max(r.end for r in sim) + 1.0
         base_ns = time.time_ns() - int(span_end * 1e9)
-        procs = Processes(otlp_http_exporter(svc.http_url), seed)
+        exporter = (
+            otlp_grpc_exporter(svc.grpc_endpoint) if protocol == "grpc" else otlp_http_exporter(svc.http_url)
+        )
+        procs = Processes(exporter, seed)
         emitter = Emitter(fleet, procs, generation, base_ns)
         step = max(1, len(sim) // 10)
         for i, r in enumerate(sim, 1):
