@@ -41,6 +41,11 @@ class VerdictConfig:
     slow_min_bytes: int = 1 << 20
     cross_rail_min_share: float = 0.0
 
+    def __post_init__(self) -> None:
+        # Given entries override the defaults; a class set to 0 or None is not judged for speed.
+        merged = {**DEFAULT_EXPECTED_BANDWIDTH, **dict(self.expected_bandwidth)}
+        object.__setattr__(self, "expected_bandwidth", {k: v for k, v in merged.items() if v})
+
     @classmethod
     def from_settings(cls, settings: Any, **overrides: Any) -> VerdictConfig:
         kw: dict[str, Any] = {

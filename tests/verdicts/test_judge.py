@@ -260,6 +260,9 @@ def test_small_transfers_are_not_judged_for_speed(fleet: Topology) -> None:
 def test_expected_bandwidth_is_configurable(fleet: Topology) -> None:
     cfg = VerdictConfig(expected_bandwidth={"rdma_same_rail": 50e9})
     assert "slow_kv_transfer" in names(judge(facts(kvf=kv()), fleet, cfg))
+    assert cfg.expected_bandwidth["tcp"] == 0.55e9  # other classes keep their defaults
+    off = VerdictConfig(expected_bandwidth={"rdma_same_rail": None})
+    assert "slow_kv_transfer" not in names(judge(facts(kvf=kv(duration_s=0.2)), fleet, off))
 
 
 # -- kv_transfer_failed and broken_trace -------------------------------------------------------------
