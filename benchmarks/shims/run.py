@@ -3,10 +3,12 @@
     UCX_NET_DEVICES=lo .venv/bin/python -m benchmarks.shims.run [--transfers 200] [--spans 2000]
 
 Part 1 — KV shim vs the real NIXL transfer it wraps: two NIXL agents in two processes move
-1 MiB over loopback (cma); the initiator alternates blocks of transfers with the NIXL
-instrumentor on and off (wrappers unwrapped), so both modes share the same agents,
-endpoints, machine load and UCX settings. Reported: median wall and process-CPU time per
-transfer in each mode, and the difference.
+1 MiB over loopback (cma); the initiator rotates blocks of transfers between three modes —
+`off` (wrappers removed), `on` (default: span emitted by the background emitter) and `inline`
+(span emitted on the transfer's thread) — so all share the same agents, endpoints, machine
+load and UCX settings. Reported per mode: median wall time per transfer (what the caller
+waits), the calling thread's CPU, and process CPU per transfer over whole blocks (includes the
+emitter thread).
 
 Part 2 — CPU per span of each shim on the OpenTelemetry SDK (SimpleSpanProcessor, an exporter
 that drops), and the cost of UCX evidence parsing (a whole 300-line probe log, and the cached
@@ -96,8 +98,11 @@ def nixl_part(transfers: int, block: int) -> dict[str, Any]:
     local = agent.get_xfer_descs([(buf.ctypes.data, size, 0)], "DRAM")
     remote = agent.get_xfer_descs([(hello["addr"], size, 0)], "DRAM")
 
+    host_cpu: dict[str, list[int]] = {"on": [], "off": [], "inline": []}
+    current = ["off"]
+
     def one(i: int) -> int:
-        t0 = time.perf_counter_ns()
+        t0, h0 = time.perf_counter_ns(), time.thread_time_ns()
         with kv_transfer_scope(f"bench-{i}", remote_engine_id="e", remote_host="127.0.0.1"):
             h = agent.initialize_xfer("READ", local, remote, peer, b"")
             state = agent.transfer(h)
@@ -105,20 +110,21 @@ def nixl_part(transfers: int, block: int) -> dict[str, Any]:
                 state = agent.check_xfer_state(h)
             agent.release_xfer_handle(h)
         assert state == "DONE"
+        host_cpu[current[0]].append(time.thread_time_ns() - h0)
         return time.perf_counter_ns() - t0
 
     for i in range(10):  # warm-up: endpoint wire-up, UCX protocol selection, evidence cached
         one(i)
     inst.force_flush()
-    walls: dict[str, list[int]] = {"on": [], "off": []}
-    cpu_blocks: dict[str, list[float]] = {"on": [], "off": []}
+    walls: dict[str, list[int]] = {"on": [], "off": [], "inline": []}
+    cpu_blocks: dict[str, list[float]] = {"on": [], "off": [], "inline": []}
     done = 0
     while done < transfers:
-        for mode in ("off", "on"):
-            if mode == "on":
-                inst.instrument(tracer_provider=tp)
-            else:
-                inst.uninstrument()
+        for mode in ("off", "on", "inline"):
+            inst.uninstrument()
+            if mode != "off":
+                inst.instrument(tracer_provider=tp, background_emit=(mode == "on"))
+            current[0] = mode
             c0 = time.process_time_ns()
             for _ in range(block):
                 walls[mode].append(one(done))
@@ -131,12 +137,13 @@ def nixl_part(transfers: int, block: int) -> dict[str, Any]:
     target.stdin.flush()
     target.wait(timeout=30)
     out: dict[str, Any] = {}
-    for mode in ("on", "off"):
+    for mode in ("on", "inline", "off"):
         out[mode] = {
             "n": len(walls[mode]),
             "wall_us_median": statistics.median(walls[mode]) / 1000,
             "wall_us_p90": sorted(walls[mode])[int(0.9 * len(walls[mode]))] / 1000,
             "cpu_us_per_transfer_median_of_blocks": statistics.median(cpu_blocks[mode]),
+            "host_thread_cpu_us_median": statistics.median(host_cpu[mode][-len(walls[mode]) :]) / 1000,
         }
     off, on = out["off"], out["on"]
     out["added_wall_us"] = on["wall_us_median"] - off["wall_us_median"]
