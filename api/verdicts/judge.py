@@ -399,7 +399,7 @@ def _slow(ctx: _Ctx, path_class: str, transport: str) -> None:
         return
     expected = cfg.expected_bandwidth.get(path_class)
     basis = path_class
-    if expected is None and transport == Transport.RDMA.value:
+    if expected is None and path_class == PathClass.UNKNOWN.value and transport == Transport.RDMA.value:
         vals = [
             cfg.expected_bandwidth.get(p.value) for p in (PathClass.RDMA_SAME_RAIL, PathClass.RDMA_CROSS_RAIL)
         ]
