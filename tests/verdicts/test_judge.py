@@ -336,3 +336,9 @@ def test_summary_keys_are_the_public_contract(fleet: Topology) -> None:
         "flags",
     ]
     assert d["start"].endswith("Z")
+
+
+def test_slow_with_unknown_rails_uses_the_lower_rdma_figure(fleet: Topology) -> None:
+    f = facts(decode="10.0.0.6:8000", kvf=kv(pod="decode-x", node="node-norail", duration_s=0.2))
+    ev = flag(judge(f, fleet), "slow_kv_transfer").evidence
+    assert "expected for rdma (rail unknown)" in ev and "5.13 GB/s" in ev
