@@ -37,7 +37,11 @@ def get_tracer(name: str, tracer_provider: trace.TracerProvider | None = None) -
     hit = _TRACERS.get(key)
     if hit is not None and hit[0] is tracer_provider:
         return hit[1]
-    tracer = trace.get_tracer(name, __version__, tracer_provider, schema_url=SCHEMA_URL)
+    try:
+        tracer = trace.get_tracer(name, __version__, tracer_provider, schema_url=SCHEMA_URL)
+    except Exception:  # a broken provider costs the spans, never the host
+        logger.warning("railtrace: tracer provider failed; %s emits nothing", name, exc_info=True)
+        return trace.NoOpTracer()
     if len(_TRACERS) > 256:
         _TRACERS.clear()
     _TRACERS[key] = (tracer_provider, tracer)

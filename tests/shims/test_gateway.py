@@ -102,3 +102,16 @@ async def test_instrumentor_wraps_new_apps_and_uninstrument_passes_through(otel)
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+class _BrokenProvider:
+    def get_tracer(self, *a: object, **k: object) -> object:
+        raise RuntimeError("provider misconfigured")
+
+
+@pytest.mark.anyio
+async def test_broken_tracing_still_serves_the_request() -> None:
+    app = RailtraceASGIMiddleware(make_app(), tracer_provider=_BrokenProvider())  # type: ignore[arg-type]
+    resp = await _call(app, "POST", "/v1/chat/completions", {"traceparent": PARENT})
+    assert resp.status_code == 200
+    assert resp.json()["seen_traceparent"] == PARENT  # the caller's context still reaches the app

@@ -110,9 +110,10 @@ class RailtraceASGIMiddleware:
                 start_time=time.time_ns(),
             )
             token = otel_context.attach(trace.set_span_in_context(span, parent))
+            carrier: dict[str, str] = {}
             if self.rewrite:
-                carrier: dict[str, str] = {}
                 inject_context(carrier)
+            if carrier:  # nothing to inject (non-recording span): keep the caller's headers
                 new_headers = [
                     (k, v) for k, v in scope.get("headers") or () if k.lower() not in _TRACE_HEADERS
                 ]
@@ -151,9 +152,10 @@ def upstream_headers(headers: MutableMapping[str, str] | None = None) -> Mutable
     try:
         carrier: dict[str, str] = {}
         inject_context(carrier)
-        for key in [k for k in out if k.lower() in ("traceparent", "tracestate")]:
-            del out[key]
-        out.update(carrier)
+        if carrier:
+            for key in [k for k in out if k.lower() in ("traceparent", "tracestate")]:
+                del out[key]
+            out.update(carrier)
     except Exception:
         logger.debug("railtrace gateway: inject failed", exc_info=True)
     return out
