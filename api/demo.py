@@ -329,8 +329,10 @@ def build_report(
     )
     injected = sum(len(r.expected_flags) for r in sim if r.request_id in summaries)
     # TCP fallback effect.
+    # TCP against verified RDMA: aligned pods, whose RDMA channel is the one DRA promised.
     tcp = [r for r in sim if r.transport == "tcp"]
-    rdma = [r for r in sim if r.transport == "rdma" and not r.failed]
+    verified = [r for r in sim if r.transport == "rdma" and r.decode.aligned]
+    rdma = [r for r in verified if not r.failed]
 
     def kv_time(rs: list[SimRequest]) -> float | None:
         vals = [((summaries.get(r.request_id) or {}).get("kv_transfer") or {}).get("duration_s") for r in rs]
@@ -340,8 +342,8 @@ def build_report(
     tcp_effect = {
         "tcp_requests": len(tcp),
         "tcp_timed_out": sum(1 for r in tcp if r.failed),
-        "rdma_requests": len(rdma) + sum(1 for r in sim if r.transport == "rdma" and r.failed),
-        "rdma_timed_out": sum(1 for r in sim if r.transport == "rdma" and r.failed),
+        "rdma_requests": len(verified),
+        "rdma_timed_out": sum(1 for r in verified if r.failed),
         "kv_mean_s_tcp": _r(tcp_mean),
         "kv_mean_s_rdma": _r(rdma_mean),
         "kv_time_cut_by_rdma_pct": _r(100 * (1 - rdma_mean / tcp_mean), 1)
@@ -438,7 +440,7 @@ def format_report(rep: dict[str, Any]) -> str:
         out += [
             "",
             f"TCP fallback: {t['tcp_requests']} transfers over TCP, {t['tcp_timed_out']} timed out "
-            f"(RDMA: {t['rdma_timed_out']} of {t['rdma_requests']}); "
+            f"(verified RDMA: {t['rdma_timed_out']} of {t['rdma_requests']}); "
             f"flagged tcp_fallback {t['flagged_tcp_fallback']}",
             f"  mean KV transfer TCP {s(t['kv_mean_s_tcp'])} vs RDMA {s(t['kv_mean_s_rdma'])}"
             + (f" (RDMA cuts it by {t['kv_time_cut_by_rdma_pct']}%)" if t["kv_time_cut_by_rdma_pct"] else ""),

@@ -42,14 +42,14 @@ BANDWIDTH: dict[str, float] = {
 }
 
 # Share of the path's bandwidth left after the fabric levels a transfer crosses (assumption:
-# rail-optimised leaves, 2:1 oversubscribed aggregation, 3:1 between blocks).
+# rail-optimised leaves, 2:1 oversubscribed aggregation, 4:1 between blocks).
 LEVEL_FACTOR: dict[str, float] = {
     TopologyLevel.SAME_HOST: 1.0,
     TopologyLevel.NVLINK_DOMAIN: 1.0,
     TopologyLevel.SUBBLOCK: 1.0,
     TopologyLevel.BLOCK: 0.5,
-    TopologyLevel.ZONE: 1 / 3,
-    TopologyLevel.FAR: 1 / 3,
+    TopologyLevel.ZONE: 1 / 4,
+    TopologyLevel.FAR: 1 / 4,
 }
 
 # A transfer through a NIC on the other NUMA node (GPU/NIC mismatch) crosses the SMP link:
@@ -73,7 +73,7 @@ class TimingModel:
     tcp_latency_s: float = 0.002
     scheduling_s: float = 0.0006  # EPP orchestration (the blog: 0.295 ms) plus ext_proc
     sidecar_overhead_s: float = 0.0008
-    request_timeout_s: float = 6.0  # client timeout (the published run's value is not stated)
+    request_timeout_s: float = 8.0  # client timeout (the published run's value is not stated)
     pool_qps: float = 12.0  # arrivals per scenario pool (4 prefill + 4 decode pods)
 
     def prefill_s(self, prompt_tokens: int, cached_tokens: int) -> float:
