@@ -115,3 +115,21 @@ async def test_broken_tracing_still_serves_the_request() -> None:
     resp = await _call(app, "POST", "/v1/chat/completions", {"traceparent": PARENT})
     assert resp.status_code == 200
     assert resp.json()["seen_traceparent"] == PARENT  # the caller's context still reaches the app
+
+
+def test_emit_gateway_request_with_given_times(otel) -> None:
+    from railtrace_tracing.gateway import emit_gateway_request
+
+    provider, exporter = otel
+    span = emit_gateway_request(
+        tracer_provider=provider,
+        status_code=503,
+        start_time_ns=10,
+        end_time_ns=20,
+        headers={"traceparent": PARENT},
+        request_id="r1",
+    )
+    assert span is not None
+    [done] = exporter.get_finished_spans()
+    assert (done.start_time, done.end_time) == (10, 20) and done.kind is SpanKind.SERVER
+    assert done.attributes[sc.ERROR_TYPE] == "503" and f"{done.context.trace_id:032x}" == TRACE_ID

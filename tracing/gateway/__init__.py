@@ -9,9 +9,13 @@ import wrapt
 from opentelemetry.instrumentation.utils import unwrap
 
 from railtrace_tracing._common import GatedInstrumentor, logger
-from railtrace_tracing.gateway.middleware import RailtraceASGIMiddleware, upstream_headers
+from railtrace_tracing.gateway.middleware import (
+    RailtraceASGIMiddleware,
+    emit_gateway_request,
+    upstream_headers,
+)
 
-__all__ = ["GatewayInstrumentor", "RailtraceASGIMiddleware", "upstream_headers"]
+__all__ = ["GatewayInstrumentor", "RailtraceASGIMiddleware", "emit_gateway_request", "upstream_headers"]
 
 
 class GatewayInstrumentor(GatedInstrumentor):

@@ -9,7 +9,7 @@ forwards incoming headers verbatim still hands the right parent to the next hop.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -159,3 +159,46 @@ def upstream_headers(headers: MutableMapping[str, str] | None = None) -> Mutable
     except Exception:
         logger.debug("railtrace gateway: inject failed", exc_info=True)
     return out
+
+
+def emit_gateway_request(
+    *,
+    tracer_provider: trace.TracerProvider | None = None,
+    method: str = "POST",
+    path: str = "/v1/chat/completions",
+    status_code: int | None = 200,
+    start_time_ns: int,
+    end_time_ns: int,
+    headers: Mapping[str, str] | None = None,
+    parent: otel_context.Context | None = None,
+    request_id: str | None = None,
+    server_address: str | None = None,
+    error_type: str | None = None,
+) -> trace.Span | None:
+    """A finished `gateway.request` span with given times (simulators, replays); the returned span
+    can parent children via `trace.set_span_in_context(span)`. Never raises."""
+    try:
+        attrs: dict[str, Any] = {sc.HTTP_REQUEST_METHOD: method, sc.URL_PATH: path, sc.URL_SCHEME: "http"}
+        if status_code is not None:
+            attrs[sc.HTTP_RESPONSE_STATUS] = int(status_code)
+        if request_id:
+            attrs[sc.HTTP_REQUEST_ID_HEADER] = [request_id]
+        if server_address:
+            attrs[sc.SERVER_ADDRESS] = server_address
+        ctx = parent if parent is not None else extract_context(headers or {})
+        span = get_tracer(TRACER_NAME, tracer_provider).start_span(
+            sc.SPAN_GATEWAY_REQUEST,
+            context=ctx,
+            kind=SpanKind.SERVER,
+            attributes=attrs,
+            start_time=start_time_ns,
+        )
+        err = error_type or (str(status_code) if status_code is not None and status_code >= 500 else None)
+        if err:
+            span.set_attribute(sc.ERROR_TYPE, err)
+            span.set_status(Status(StatusCode.ERROR))
+        span.end(end_time=end_time_ns)
+        return span
+    except Exception:
+        logger.debug("railtrace gateway: span not emitted", exc_info=True)
+        return None
