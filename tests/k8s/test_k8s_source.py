@@ -246,3 +246,31 @@ def test_stop_ends_every_thread(apiserver: FakeApiServer, kubeconfig: Path) -> N
     threads = list(source._threads)
     source.stop()
     assert not any(t.is_alive() for t in threads)
+
+
+def _granted(rbac_path: Path) -> set[tuple[str, str, str]]:
+    granted = set()
+    for doc in yaml.safe_load_all(rbac_path.read_text()):
+        if doc and doc["kind"] == "ClusterRole" and doc["metadata"]["name"] == "railtrace-topology-reader":
+            for rule in doc["rules"]:
+                for group in rule["apiGroups"]:
+                    for resource in rule["resources"]:
+                        granted |= {(group, resource, verb) for verb in rule["verbs"]}
+    return granted
+
+
+def test_every_request_is_allowed_by_the_shipped_cluster_role(apiserver: FakeApiServer, make_source) -> None:
+    """The read-only ClusterRole in deploy/ must cover each call the source really makes."""
+    _load(apiserver, aws_objects())
+    source, holder = make_source()
+    _wait(source, lambda: f"default/{POD}" in _pods(holder), "the AWS pod")
+    _wait(source, lambda: all(apiserver.count(k, watch=True) for k in ("Node", "Pod")), "the watches")
+    granted = _granted(Path(__file__).resolve().parents[2] / "deploy" / "base" / "rbac.yaml")
+    made = set()
+    for path, query in list(apiserver.requests):
+        parts = [p for p in path.split("/") if p]
+        group = "" if parts[0] == "api" else parts[1]
+        verb = "watch" if query.get("watch", ["false"])[0] in ("true", "1") else "list"
+        made.add((group, parts[-1], verb))
+    assert {("", "pods", "watch"), ("resource.k8s.io", "resourceslices", "list")} <= made
+    assert made <= granted, f"calls the ClusterRole does not allow: {made - granted}"
