@@ -600,3 +600,34 @@ def start_live_topology(
         options["static_inputs"] = lambda builder: load_into(builder, static)
     api_client = load_api_client(kubeconfig or os.environ.get("RAILTRACE_KUBECONFIG"), context)
     return KubernetesTopologySource(holder, api_client, **options).start()
+
+
+class _Capture:
+    """A holder that just keeps what it is given (for one-shot snapshots)."""
+
+    topology: Any = None
+
+    def replace(self, topology: Any) -> None:
+        self.topology = topology
+
+
+def snapshot_topology(api_client: Any | None = None, **options: Any) -> Any:
+    """List the cluster once, without watching, and build the model.
+
+    For one-shot tools such as `railtrace topology show k8s` and `railtrace contract`; the
+    service uses `start_live_topology` instead. Kinds the cluster does not serve are left out.
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    if api_client is None:
+        api_client = load_api_client(options.pop("kubeconfig", None), options.pop("context", None))
+    holder = _Capture()
+    source = KubernetesTopologySource(holder, api_client, **options)
+    for kind in source._kinds:
+        try:
+            source._list(kind)
+        except NotServedError:
+            source._set_not_served(kind)
+        except ApiException as exc:
+            raise RuntimeError(f"listing {kind.kind} failed: HTTP {exc.status} {exc.reason}") from exc
+    return source.rebuild()

@@ -23,6 +23,7 @@ from railtrace.topology.k8s_source import (
     K8S_TOPOLOGY,
     KubernetesTopologySource,
     load_api_client,
+    snapshot_topology,
     wants_live_topology,
 )
 
@@ -274,3 +275,11 @@ def test_every_request_is_allowed_by_the_shipped_cluster_role(apiserver: FakeApi
         made.add((group, parts[-1], verb))
     assert {("", "pods", "watch"), ("resource.k8s.io", "resourceslices", "list")} <= made
     assert made <= granted, f"calls the ClusterRole does not allow: {made - granted}"
+
+
+def test_snapshot_lists_once_for_one_shot_tools(apiserver: FakeApiServer, kubeconfig: Path) -> None:
+    _load(apiserver, aws_objects() + azure_objects())
+    topology = snapshot_topology(load_api_client(str(kubeconfig)))
+    assert {f"default/{POD}", f"gb300/{POD}"} <= set(topology.pods)
+    assert {AWS_NODE, AZURE_NODE} <= set(topology.nodes)
+    assert not any(apiserver.count(k, watch=True) for k in ("Node", "Pod", "ResourceSlice", "ResourceClaim"))
