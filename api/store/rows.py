@@ -13,6 +13,7 @@ they are decoded once per export call and stored once, keyed by a hash.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,7 @@ class RowBatch:
 
     spans: list[SpanRow] = field(default_factory=list)
     resources: dict[int, bytes] = field(default_factory=dict)
+    keys: set[tuple[str, str]] = field(default_factory=set)  # (request key, trace id)
     rejected: int = 0
     errors: list[str] = field(default_factory=list)
     dropped_content_attributes: int = 0
@@ -131,20 +133,46 @@ KEY_NEEDLES = tuple(
 )
 
 
-def _request_key(body: bytes) -> str | None:
-    """The span's strongest join key, by the normalisation table's key attributes (in order)."""
+# After a key needle: AnyValue length, maybe an array wrapper, then a short string_value.
+# Request ids are shorter than 128 bytes, so every length is one byte; longer values take
+# the general varint path.
+_SHORT_STRING = re.compile(rb"[\x00-\x7f](?:\x2a[\x00-\x7f]\x0a[\x00-\x7f])?\x0a([\x00-\x7f])", re.S)
+
+
+def _value_after(body: bytes, pos: int) -> bytes | None:
+    m = _SHORT_STRING.match(body, pos)
+    if m:
+        end = m.end()
+        return body[end : end + m.group(1)[0]]
+    try:
+        value = _string_at(body, pos)
+    except (ValueError, IndexError):
+        return None
+    return value.encode() if value is not None else None
+
+
+def _request_key(body: bytes, cache: dict[bytes, str | None]) -> str | None:
+    """The span's strongest join key, by the normalisation table's key attributes (in order).
+
+    `cache` maps raw id bytes to their normalised key: a request's spans repeat the same ids.
+    """
     if b"request" not in body:  # every key attribute's name has it: one scan rules most spans out
         return None
     for _attr, needle in KEY_NEEDLES:
         at = body.find(needle)
         if at < 0:
             continue
-        try:
-            key = normalize_request_id(_string_at(body, at + len(needle)))
-        except (ValueError, IndexError):
-            key = None
+        raw = _value_after(body, at + len(needle))
+        if raw is None:
+            continue
+        if raw in cache:
+            key = cache[raw]
+        else:
+            key = normalize_request_id(raw.decode("utf-8", "replace"))
+            key = key[:MAX_KEY] if key else None
+            cache[raw] = key
         if key:
-            return key[:MAX_KEY]
+            return key
     return None
 
 
@@ -165,6 +193,7 @@ def rows_from_request(request: ExportTraceServiceRequest, raw: bytes | None = No
     batch = RowBatch()
     check_content = may_hold_content(raw if raw is not None else request.SerializeToString())
     seen: set[tuple[bytes, bytes]] = set()
+    key_cache: dict[bytes, str | None] = {}
     result = DecodeResult()
     for rs in request.resource_spans:
         resource = attributes(rs.resource.attributes, DEFAULT_DROP, result)
@@ -189,9 +218,13 @@ def rows_from_request(request: ExportTraceServiceRequest, raw: bytes | None = No
                     batch.dropped_content_attributes += _strip_content(s)
                     body = s.SerializeToString()
                 parent = s.parent_span_id
+                tid = s.trace_id.hex()
+                request_key = _request_key(body, key_cache)
+                if request_key:
+                    batch.keys.add((request_key, tid))
                 batch.spans.append(
                     (
-                        s.trace_id.hex(),
+                        tid,
                         s.span_id.hex(),
                         parent.hex() if parent else None,
                         s.name[:MAX_NAME],
@@ -199,7 +232,6 @@ def rows_from_request(request: ExportTraceServiceRequest, raw: bytes | None = No
                         s.start_time_unix_nano,
                         s.end_time_unix_nano,
                         s.status.code,
-                        _request_key(body),
                         rid,
                         0,  # received_ns: set by the writer at commit
                         body,

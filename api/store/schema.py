@@ -43,12 +43,20 @@ spans = Table(
     Column("start_ns", BigInteger, nullable=False),
     Column("end_ns", BigInteger, nullable=False),
     Column("status_code", Integer, nullable=False),
-    Column("request_key", String(256)),
     Column("resource_id", BigInteger, nullable=False),
     Column("received_ns", BigInteger, nullable=False),
     Column("body", LargeBinary, nullable=False),  # the OTLP protobuf Span, content attributes removed
 )
-Index("ix_spans_request_key", spans.c.request_key)
+
+# Request join keys per trace (not per span: a request's spans repeat the same few keys), so
+# the assembler finds the other traces of a request whose context was broken.
+trace_keys = Table(
+    "trace_keys",
+    metadata,
+    Column("request_key", String(256), primary_key=True),
+    Column("trace_id", String(32), primary_key=True),
+)
+Index("ix_trace_keys_trace", trace_keys.c.trace_id)
 
 # One row per trace seen: when spans arrived and whether it awaits (re)assembly. Durable, so a
 # restart completes half-assembled requests.

@@ -14,11 +14,11 @@ from railtrace.model import RequestSummary, Span
 from railtrace.store.engine import is_sqlite
 from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
 from railtrace.store.rows import RowBatch, span_from_row
-from railtrace.store.schema import request_flags, requests, resources, spans, traces
+from railtrace.store.schema import request_flags, requests, resources, spans, trace_keys, traces
 
 INSERT_COLUMNS = (
     "trace_id, span_id, parent_span_id, name, service_name, start_ns, end_ns, "
-    "status_code, request_key, resource_id, received_ns, body"
+    "status_code, resource_id, received_ns, body"
 )
 MAX_KNOWN_RESOURCES = 100_000
 MAX_STITCHED_TRACES = 32
@@ -49,7 +49,10 @@ class Store:
         self._known_resources: set[int] = set()
         self._last_received_ns = 0
         self._sql_span = (
-            f"INSERT INTO spans ({INSERT_COLUMNS}) VALUES ({', '.join([p] * 12)}) ON CONFLICT DO NOTHING"
+            f"INSERT INTO spans ({INSERT_COLUMNS}) VALUES ({', '.join([p] * 11)}) ON CONFLICT DO NOTHING"
+        )
+        self._sql_key = (
+            f"INSERT INTO trace_keys (request_key, trace_id) VALUES ({p}, {p}) ON CONFLICT DO NOTHING"
         )
         self._sql_resource = (
             f"INSERT INTO resources (id, attributes) VALUES ({p}, {p}) ON CONFLICT DO NOTHING"
@@ -82,13 +85,15 @@ class Store:
         rows: list[tuple[Any, ...]] = []
         seen: set[tuple[str, str]] = set()
         new_resources: dict[int, bytes] = {}
+        keys: set[tuple[str, str]] = set()
         for b in batches:
+            keys |= b.keys
             for r in b.spans:
                 key = (r[0], r[1])
                 if key in seen:
                     continue
                 seen.add(key)
-                rows.append((*r[:10], received, r[11]))
+                rows.append((*r[:9], received, r[10]))
             for rid, blob in b.resources.items():
                 if rid not in self._known_resources:
                     new_resources[rid] = blob
@@ -118,6 +123,8 @@ class Store:
                     for tid, sid in found:
                         inserted += 1
                         _count(per_trace, tid, (tid, sid) in parentless)
+            if keys:
+                conn.exec_driver_sql(self._sql_key, sorted(keys))
             if per_trace:
                 conn.exec_driver_sql(
                     self._sql_trace,
@@ -171,8 +178,8 @@ class Store:
             return set()
         with self.engine.connect() as conn:
             q = (
-                select(spans.c.trace_id)
-                .where(spans.c.request_key.in_(ks[:200]))
+                select(trace_keys.c.trace_id)
+                .where(trace_keys.c.request_key.in_(ks[:200]))
                 .distinct()
                 .limit(MAX_STITCHED_TRACES)
             )
@@ -397,6 +404,7 @@ class Store:
             if not ids:
                 return 0
             conn.execute(delete(spans).where(spans.c.trace_id.in_(ids)))
+            conn.execute(delete(trace_keys).where(trace_keys.c.trace_id.in_(ids)))
             conn.execute(delete(request_flags).where(request_flags.c.trace_id.in_(ids)))
             conn.execute(delete(requests).where(requests.c.trace_id.in_(ids)))
             conn.execute(delete(traces).where(traces.c.trace_id.in_(ids)))

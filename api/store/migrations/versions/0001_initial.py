@@ -1,4 +1,4 @@
-"""Initial schema: resources, spans, traces, requests, request_flags.
+"""Initial schema: resources, spans, trace_keys, traces, requests, request_flags.
 
 Revision ID: 0001
 Revises:
@@ -30,13 +30,18 @@ def upgrade() -> None:
         sa.Column("start_ns", sa.BigInteger(), nullable=False),
         sa.Column("end_ns", sa.BigInteger(), nullable=False),
         sa.Column("status_code", sa.Integer(), nullable=False),
-        sa.Column("request_key", sa.String(256)),
         sa.Column("resource_id", sa.BigInteger(), nullable=False),
         sa.Column("received_ns", sa.BigInteger(), nullable=False),
         sa.Column("body", sa.LargeBinary(), nullable=False),
         sa.PrimaryKeyConstraint("trace_id", "span_id"),
     )
-    op.create_index("ix_spans_request_key", "spans", ["request_key"])
+    op.create_table(
+        "trace_keys",
+        sa.Column("request_key", sa.String(256), nullable=False),
+        sa.Column("trace_id", sa.String(32), nullable=False),
+        sa.PrimaryKeyConstraint("request_key", "trace_id"),
+    )
+    op.create_index("ix_trace_keys_trace", "trace_keys", ["trace_id"])
     op.create_table(
         "traces",
         sa.Column("trace_id", sa.String(32), nullable=False),
@@ -89,5 +94,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    for table in ("request_flags", "requests", "traces", "spans", "resources"):
+    for table in ("request_flags", "requests", "traces", "trace_keys", "spans", "resources"):
         op.drop_table(table)
