@@ -125,7 +125,10 @@ def _default_builder_factory() -> _Builder:
 
 def _flatten_v1beta1_devices(obj: dict[str, Any]) -> dict[str, Any]:
     """v1beta1 nests device attributes under `basic`; v1beta2 and v1 do not. Give one shape."""
-    for device in (obj.get("spec") or {}).get("devices") or []:
+    devices = (obj.get("spec") or {}).get("devices")
+    for device in devices if isinstance(devices, list) else []:
+        if not isinstance(device, dict):
+            continue  # malformed: left for the builder to report
         basic = device.pop("basic", None)
         if isinstance(basic, dict):
             for key, value in basic.items():
