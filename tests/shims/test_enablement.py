@@ -82,7 +82,7 @@ def test_shim_failure_costs_a_span_not_the_request() -> None:
         rec.set(bytes=10)
         rec.set_evidence(None)
         value = 42
-    assert value == 42 and rec.span is None
+    assert value == 42 and (rec.span is None or not rec.span.is_recording())
 
 
 def test_nixl_wrapper_failure_does_not_reach_the_caller(monkeypatch) -> None:
