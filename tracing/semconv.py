@@ -570,7 +570,10 @@ M_ASSEMBLY_LAG = _metric(
     buckets=(0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0),
 )
 M_THROTTLED = _metric(
-    "llm_d_tracing_throttled_exports_total", "counter", "Exports answered 429/503 (backpressure).", ("protocol",)
+    "llm_d_tracing_throttled_exports_total",
+    "counter",
+    "Exports answered 429/503 (backpressure).",
+    ("protocol",),
 )
 M_CONTRACT = _metric(
     "llm_d_tracing_contract_obligations",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,9 +20,15 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from railtrace_tracing import semconv as sc
 from railtrace_tracing._common import extract_context, get_tracer, logger
-from railtrace_tracing.ucx.parser import Evidence, parse_text
+from railtrace_tracing.ucx.parser import Evidence, UcxLog, parse_text
 
 TRACER_NAME = "railtrace_tracing.kv_transfer"
+
+
+@functools.lru_cache(maxsize=128)
+def _parsed(text: str) -> UcxLog:
+    """Parsed once per distinct log text (simulators pass the same endpoint log many times)."""
+    return parse_text(text)
 
 
 def evidence_attributes(evidence: Evidence | None) -> dict[str, Any]:
@@ -187,7 +194,7 @@ def record_kv_transfer(
     `end_time_ns`. An exception of the body marks the span failed and propagates unchanged."""
     if ucx_log_text is not None and kwargs.get("evidence") is None:
         try:
-            kwargs["evidence"] = parse_text(ucx_log_text).select(ucx_context, kwargs.get("operation"))
+            kwargs["evidence"] = _parsed(ucx_log_text).select(ucx_context, kwargs.get("operation"))
         except Exception:
             logger.debug("railtrace: UCX log text not parsed", exc_info=True)
     rec = start_kv_transfer(**kwargs)

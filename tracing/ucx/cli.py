@@ -104,6 +104,16 @@ def render_human(path: str, log: UcxLog) -> str:
 
 def ucx_evidence_command(args: Any) -> int:
     """Entry point of `railtrace ucx-evidence`; returns the process exit code."""
+    try:
+        return _run(args)
+    except BrokenPipeError:  # `… | head`: the reader left; not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _run(args: Any) -> int:
     docs: list[dict[str, Any]] = []
     status = 0
     for path in args.paths:
