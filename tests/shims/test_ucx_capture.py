@@ -1,0 +1,41 @@
+"""The KV shim's UCX log reader: incremental, partial lines, env handling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from railtrace_tracing import semconv as sc
+from railtrace_tracing.kv_transfer.ucx_capture import UcxLogCapture
+
+LOG = Path("/work/shared/fixtures/transport/probe/two_read_tls_tcp.log")
+
+
+@pytest.mark.skipif(not LOG.exists(), reason="shared fixtures not present")
+def test_incremental_reading_across_partial_writes(tmp_path: Path) -> None:
+    text = LOG.read_text()
+    cut = text.index("remote memory read by ucp_get*(multi)") + 10  # mid-line, inside the table
+    path = tmp_path / "ucx.log"
+    path.write_text(text[:cut])
+    cap = UcxLogCapture(str(path))
+    assert cap.evidence("probe-initiator", "read") is None  # table not complete yet
+    with path.open("a") as fh:
+        fh.write(text[cut:])
+    ev = cap.evidence("probe-initiator", "read")
+    assert ev is not None and ev.transport.value == "tcp" and ev.protocol == "software emulation"
+    assert cap.evidence("probe-initiator", "read") is ev  # cached while nothing new is written
+
+
+def test_configure_sets_ucx_env_and_respects_operator_choices(tmp_path: Path) -> None:
+    env: dict[str, str] = {sc.ENV_UCX_LOG: str(tmp_path / "u.%p.log")}
+    cap = UcxLogCapture()
+    assert cap.configure(env)
+    assert env["UCX_LOG_LEVEL"] == "info" and env["UCX_PROTO_INFO"] == "y"
+    assert env["UCX_LOG_FILE"].endswith("u.%p.log") and "%p" not in cap.path
+    mine = {"UCX_LOG_LEVEL": "debug", "UCX_LOG_FILE": str(tmp_path / "ops.log")}
+    cap2 = UcxLogCapture()
+    cap2.configure(mine)
+    assert mine["UCX_LOG_LEVEL"] == "debug" and cap2.path == str(tmp_path / "ops.log")
+    off = {sc.ENV_UCX_CAPTURE: "0"}
+    assert not UcxLogCapture().configure(off) and "UCX_LOG_FILE" not in off
