@@ -160,7 +160,9 @@ def run_demo(
                 _say(f"railtrace demo: sent {i}/{len(sim)} requests")
         procs.flush()
         procs.shutdown()
-        summaries = _wait_assembled(svc.http_url, sim, timeout_s=90 + len(sim) * 0.1)
+        summaries = _wait_assembled(
+            svc.http_url, sim, timeout_s=90 + len(sim) * 0.1, settle_s=quiet_period_s + 0.5
+        )
         report = build_report(
             fleet, sim, summaries, svc.http_url, generation, seed, time.monotonic() - started
         )
@@ -202,12 +204,16 @@ def _serve_until_interrupted(http_url: str, grpc: str, workdir: Path) -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _wait_assembled(http_url: str, sim: list[SimRequest], timeout_s: float) -> dict[str, dict[str, Any]]:
-    """Poll the API until every simulated request has an assembled, complete summary."""
+def _wait_assembled(
+    http_url: str, sim: list[SimRequest], timeout_s: float, settle_s: float = 1.5
+) -> dict[str, dict[str, Any]]:
+    """Poll the API until every simulated request has a complete summary that no longer changes
+    (a span exported late re-opens its request; one more quiet period shows it settled)."""
     wanted = {r.request_id for r in sim}
     found: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout_s
     last = -1
+    settled: dict[str, Any] | None = None
     with httpx.Client(base_url=http_url, timeout=30) as client:
         while True:
             found = _fetch_all(client, wanted)
@@ -215,8 +221,16 @@ def _wait_assembled(http_url: str, sim: list[SimRequest], timeout_s: float) -> d
             if done != last:
                 _say(f"railtrace demo: assembled {done}/{len(wanted)} requests")
                 last = done
-            if done == len(wanted) or time.monotonic() > deadline:
+            if time.monotonic() > deadline:
                 break
+            if done == len(wanted):
+                digest = {rid: (s.get("span_count"), s.get("flags")) for rid, s in found.items()}
+                if digest == settled:
+                    break
+                settled = digest
+                time.sleep(settle_s)
+                continue
+            settled = None
             time.sleep(0.5)
     return found
 
