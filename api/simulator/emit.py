@@ -11,7 +11,6 @@ evidence is UCX log text parsed by the real parser. Timestamps are the simulated
 from __future__ import annotations
 
 import contextlib
-import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -587,6 +586,3 @@ class Emitter:
             self._ucx_logs[key] = text
         return text
 
-
-def scorer_json(scores: dict[str, float]) -> str:
-    return json.dumps(scores, sort_keys=True, separators=(",", ":"))
