@@ -585,4 +585,3 @@ class Emitter:
             )
             self._ucx_logs[key] = text
         return text
-
