@@ -108,3 +108,12 @@ def test_tcp_fallback_times_out_under_load_while_rdma_completes() -> None:
     rdma = [r for r in runs if r.transport != Transport.TCP]
     assert tcp and rdma
     assert any(r.failed for r in tcp) and not any(r.failed for r in rdma)
+
+
+def test_a4x_pairs_inside_the_nvlink_domain_ride_nvlink() -> None:
+    scenarios = resolve(["topology-aware"])
+    runs = simulate(build_fleet("a4x", scenarios, seed=7), scenarios, 24, seed=7)
+    near = [r for r in runs if r.prefill.node.subblock == r.decode.node.subblock]
+    assert near and all(r.transport == Transport.NVLINK and r.devices == ["cuda_ipc/cuda"] for r in near)
+    far = [r for r in runs if r.prefill.node.subblock != r.decode.node.subblock]
+    assert all(r.transport == Transport.RDMA for r in far)
