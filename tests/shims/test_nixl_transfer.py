@@ -85,9 +85,12 @@ def test_no_ucx_evidence_means_unknown(tmp_path: Path) -> None:
     assert sc.KV_DEVICES not in span["attributes"]
 
 
-def test_vllm_connector_boundary_puts_kv_span_in_request_trace(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", ["flat", "nested"])
+def test_vllm_connector_boundary_puts_kv_span_in_request_trace(tmp_path: Path, layout: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "RAILTRACE_", "NIXL_"))}
-    env.update({"UCX_NET_DEVICES": "lo", "RAILTRACE_UCX_LOG": str(tmp_path / "ucx.%p.log")})
+    env.update(
+        {"UCX_NET_DEVICES": "lo", "RAILTRACE_UCX_LOG": str(tmp_path / "ucx.%p.log"), "RT_VLLM_LAYOUT": layout}
+    )
     proc = subprocess.run(
         [sys.executable, "-m", "tests.shims.vllm_boundary"],
         cwd=ROOT,

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 BLOCK = 64 * 1024
+LAYOUT = os.environ.get("RT_VLLM_LAYOUT", "flat")  # flat | nested: the two ReqMeta shapes of vLLM
 NBLOCKS = 16
 
 
@@ -50,6 +51,42 @@ class NixlConnectorMetadata:
         )
 
 
+@dataclass
+class RemoteMeta:
+    block_ids: list[int]
+    host: str
+    port: int
+    engine_id: str
+    request_id: str
+
+
+@dataclass
+class NestedReqMeta:
+    local_block_ids: list[int]
+    tp_size: int
+    remote: RemoteMeta | None = None
+
+
+@dataclass
+class NestedNixlConnectorMetadata:
+    """Nested layout (`add_new_req_to_recv`, `ReqMeta.remote = RemoteMeta(...)`)."""
+
+    reqs_to_recv: dict[str, Any] = field(default_factory=dict)
+
+    def add_new_req_to_recv(
+        self, request_id: str, local_block_ids: list[int], kv_transfer_params: dict[str, Any]
+    ) -> None:
+        req = NestedReqMeta(local_block_ids, 1)
+        req.remote = RemoteMeta(
+            block_ids=kv_transfer_params["remote_block_ids"],
+            engine_id=kv_transfer_params["remote_engine_id"],
+            request_id=kv_transfer_params.get("remote_request_id", ""),
+            host=kv_transfer_params["remote_host"],
+            port=kv_transfer_params["remote_port"],
+        )
+        self.reqs_to_recv[request_id] = req
+
+
 class NixlConnectorScheduler:
     def __init__(self) -> None:
         self.pending: list[tuple[str, list[int], dict[str, Any]]] = []
@@ -57,10 +94,13 @@ class NixlConnectorScheduler:
     def update_state_after_alloc(self, request: Any, blocks: list[int], num_external_tokens: int) -> None:
         self.pending.append((request.request_id, blocks, request.kv_transfer_params))
 
-    def build_connector_meta(self) -> NixlConnectorMetadata:
-        meta = NixlConnectorMetadata()
+    def build_connector_meta(self) -> Any:
+        meta: Any = NixlConnectorMetadata() if LAYOUT == "flat" else NestedNixlConnectorMetadata()
         for rid, blocks, params in self.pending:
-            meta.add_new_req(rid, blocks, params)
+            if LAYOUT == "flat":
+                meta.add_new_req(rid, blocks, params)
+            else:
+                meta.add_new_req_to_recv(rid, blocks, params)
         self.pending.clear()
         return meta
 
@@ -79,9 +119,10 @@ class NixlConnectorWorker:
         for req_id, meta in metadata.reqs_to_recv.items():
             self._read_blocks_for_req(req_id, meta)
 
-    def _read_blocks_for_req(self, req_id: str, meta: ReqMeta) -> None:
+    def _read_blocks_for_req(self, req_id: str, meta: Any) -> None:
+        remote_ids = meta.remote.block_ids if LAYOUT == "nested" else meta.remote_block_ids
         handle = self.nixl_wrapper.make_prepped_xfer(
-            "READ", self.src, meta.local_block_ids, self.dst, meta.remote_block_ids, notif_msg=req_id.encode()
+            "READ", self.src, meta.local_block_ids, self.dst, remote_ids, notif_msg=req_id.encode()
         )
         self.nixl_wrapper.transfer(handle)
         self._recving_transfers.setdefault(req_id, []).append(handle)
@@ -109,8 +150,9 @@ def _install_stub() -> None:
     for n in names:
         sys.modules.setdefault(n, types.ModuleType(n))
     mod = types.ModuleType("vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector")
-    for obj in (ReqMeta, NixlConnectorMetadata, NixlConnectorScheduler, NixlConnectorWorker):
+    for obj in (ReqMeta, NixlConnectorScheduler, NixlConnectorWorker):
         setattr(mod, obj.__name__, obj)
+    mod.NixlConnectorMetadata = NixlConnectorMetadata if LAYOUT == "flat" else NestedNixlConnectorMetadata
     sys.modules[mod.__name__] = mod
 
 
@@ -162,6 +204,7 @@ def main() -> int:
         request_id="cmpl-abc-0",
         trace_headers=trace_headers,
         kv_transfer_params={
+            "remote_request_id": "cmpl-abc-0",
             "do_remote_prefill": True,
             "remote_block_ids": list(range(4)),
             "remote_engine_id": "prefill-engine-7",

@@ -5,7 +5,9 @@ runs the pull in its worker: `NixlConnectorWorker._read_blocks_for_req(req_id, m
 `make_prepped_xfer` and `transfer` on its `nixl_wrapper` (a `nixl_agent`), and later polls
 `check_xfer_state` and `release_xfer_handle`. This hook wraps that method (and the older
 `_read_blocks(..., request_id=...)`) in `kv_transfer_scope`, so the NIXL instrumentor's span
-carries the request id, `remote_engine_id` and `remote_host` from the request's metadata.
+carries the request id, remote engine and host from the request's metadata. Two `ReqMeta`
+layouts are read: flat (`remote_engine_id`, `remote_host`; built by `add_new_req`) and nested
+(`remote: RemoteMeta(engine_id, host, …)`; built by `add_new_req_to_recv`).
 
 The trace context: the scheduler side sees the request (`request.trace_headers`,
 `request.kv_transfer_params`); `NixlConnectorMetadata.add_new_req` builds the worker's
@@ -48,11 +50,13 @@ def _read_blocks_for_req(wrapped: Any, instance: Any, args: Any, kwargs: Any) ->
     try:
         req_id = kwargs.get("req_id", args[0] if args else None)
         meta = kwargs.get("meta", args[1] if len(args) > 1 else None)
+        remote = getattr(meta, "remote", None)  # newer layout: ReqMeta.remote = RemoteMeta(...)
+        src = remote if remote is not None else meta
         scope = kv_transfer_scope(
             None if req_id is None else str(req_id),
             trace_headers=_headers_of(meta),
-            remote_engine_id=_s(getattr(meta, "remote_engine_id", None)),
-            remote_host=_s(getattr(meta, "remote_host", None)),
+            remote_engine_id=_s(getattr(src, "engine_id", None) or getattr(meta, "remote_engine_id", None)),
+            remote_host=_s(getattr(src, "host", None) or getattr(meta, "remote_host", None)),
             local_gpu=_s(getattr(instance, "device_id", None)),
         )
     except Exception:
@@ -108,6 +112,7 @@ _TARGETS = (
     ("NixlConnectorWorker", "_read_blocks_for_req", _read_blocks_for_req),
     ("NixlConnectorWorker", "_read_blocks", _read_blocks),
     ("NixlConnectorMetadata", "add_new_req", _add_new_req),
+    ("NixlConnectorMetadata", "add_new_req_to_recv", _add_new_req),
     ("NixlConnectorScheduler", "update_state_after_alloc", _update_state_after_alloc),
 )
 
