@@ -134,7 +134,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         self._lock = threading.Lock()
         self._patched: list[Any] = []
         self._active = False
-        self._deferred: list[tuple[dict[str, Any], str | None, str, str, int, float]] = []
+        self._deferred: list[tuple[tuple[Any, ...], float]] = []
         self._worker: threading.Thread | None = None
         self._wake = threading.Event()
         self._inflight = 0
@@ -248,19 +248,17 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
 
     def _remember(self, agent: Any, handle: Any, op: str, nbytes: Any, ndesc: Any, remote: Any) -> None:
         p = _Pending(handle, str(getattr(agent, "name", "")), _op(op), nbytes, ndesc, _str(remote))
-        with self._lock:
-            self._pending[id(handle)] = p
+        self._pending[id(handle)] = p  # dict assignment is atomic under the GIL
 
     def _w_transfer(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         start = time.time_ns()
         state = wrapped(*args, **kwargs)
         try:
             handle = kwargs.get("handle", args[0] if args else None)
-            with self._lock:
-                p = self._pending.get(id(handle))
-                if p is None:
-                    p = _Pending(handle, str(getattr(instance, "name", "")), "", None, None, None)
-                    self._pending[id(handle)] = p
+            p = self._pending.get(id(handle))
+            if p is None:
+                p = _Pending(handle, str(getattr(instance, "name", "")), "", None, None, None)
+                self._pending[id(handle)] = p
             if p.posted_ns is not None:  # re-post of the same handle: the previous transfer is over
                 self._finish(instance, p, None)
             scope = _SCOPE.get()
@@ -300,45 +298,36 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
 
     # -- completion -----------------------------------------------------------------------
     def _finish(self, agent: Any, p: _Pending, state: str | None) -> None:
-        """Emit the span once, with every attribute, timed from post to now."""
+        """Note completion on the transfer's thread; the span is built once, later, from a snapshot."""
         if p.posted_ns is None:
             return
         start, p.posted_ns = p.posted_ns, None
         end = time.time_ns()
-        extra: dict[str, Any] = {}
-        nbytes, ndesc = p.bytes, p.descriptors
-        if nbytes is None and p.descs is not None and not self._async:
-            nbytes, ndesc = descriptor_bytes(p.descs)
-        if id(agent) in self._telemetry_agents and state == "DONE":
+        nbytes, ndesc, extra = p.bytes, p.descriptors, None
+        if id(agent) in self._telemetry_agents and state == "DONE":  # the handle must still be live
             nbytes, ndesc, extra = self._telemetry(agent, p, nbytes, ndesc)
-        error = None
-        if state == "ERR":
-            error = "nixl_xfer_err"
-        elif state == "RELEASED":
-            error = "released_before_done"
-        scope = p.scope
-        fields = {
-            "tracer_provider": self._tracer_provider,
-            "operation": p.operation or "unknown",
-            "request_id": scope.request_id if scope else None,
-            "bytes": nbytes,
-            "descriptors": ndesc,
-            "local_gpu": scope.local_gpu if scope else None,
-            "remote_host": scope.remote_host if scope else None,
-            "remote_engine_id": (scope.remote_engine_id if scope else None) or p.remote_agent,
-            "parent": p.parent,
-            "start_time_ns": start,
-            "attributes": {**(scope.attributes if scope else {}), **extra} or None,
-        }
-        if nbytes is None and p.descs is not None:
-            fields["_descs"] = p.descs
-        item = (fields, error, p.agent, p.operation, end, time.monotonic() + self._grace_s)
+        snap = (
+            p.scope,
+            p.parent,
+            start,
+            end,
+            state,
+            p.agent,
+            p.operation,
+            nbytes,
+            ndesc,
+            p.descs,
+            p.remote_agent,
+            extra,
+        )
+        item = (snap, time.monotonic() + self._grace_s)
         if self._async:
             with self._lock:
                 self._deferred.append(item)
                 backlog = len(self._deferred)
-            self._ensure_worker()
-            if backlog >= 256:  # otherwise the emitter wakes on its own timer, batching spans
+            if self._worker is None:
+                self._ensure_worker()
+            if backlog >= 256:  # otherwise the emitter wakes on its own timer, batching
                 self._wake.set()
             return
         ev = self.capture.evidence(p.agent or None, p.operation or None)
@@ -348,8 +337,30 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                 self._deferred.append(item)
             self._ensure_worker()
             return
-        fields.pop("_descs", None)
-        emit_kv_transfer(end_time_ns=end, error_type=error, evidence=ev, **fields)
+        self._emit(snap, ev)
+
+    def _emit(self, snap: tuple[Any, ...], ev: Any) -> None:
+        scope, parent, start, end, state, _agent, op, nbytes, ndesc, descs, remote_agent, extra = snap
+        if nbytes is None and descs is not None:
+            nbytes, ndesc = descriptor_bytes(descs)
+        error = {"ERR": "nixl_xfer_err", "RELEASED": "released_before_done"}.get(state or "")
+        attrs = {**(scope.attributes if scope else {}), **(extra or {})}
+        emit_kv_transfer(
+            tracer_provider=self._tracer_provider,
+            operation=op or "unknown",
+            request_id=scope.request_id if scope else None,
+            bytes=nbytes,
+            descriptors=ndesc,
+            local_gpu=scope.local_gpu if scope else None,
+            remote_host=scope.remote_host if scope else None,
+            remote_engine_id=(scope.remote_engine_id if scope else None) or remote_agent,
+            parent=parent,
+            start_time_ns=start,
+            end_time_ns=end,
+            error_type=error,
+            evidence=ev,
+            attributes=attrs or None,
+        )
 
     def _ensure_worker(self) -> None:
         if self._worker is None or not self._worker.is_alive():
@@ -379,18 +390,15 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         if items and self.capture.configured:
             self.capture.poll()  # once per batch
         for item in items:
-            fields, error, agent, op, end_ns, deadline = item
+            snap, deadline = item
             try:
                 ev = (
-                    self.capture.evidence(agent or None, op or None, poll=False)
+                    self.capture.evidence(snap[5] or None, snap[6] or None, poll=False)
                     if self.capture.configured
                     else None
                 )
                 if ev is not None or final or now >= deadline or not self.capture.configured:
-                    descs = fields.pop("_descs", None)
-                    if descs is not None:
-                        fields["bytes"], fields["descriptors"] = descriptor_bytes(descs)
-                    emit_kv_transfer(end_time_ns=end_ns, error_type=error, evidence=ev, **fields)
+                    self._emit(snap, ev)
                 else:
                     keep.append(item)
             except Exception:
