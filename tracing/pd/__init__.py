@@ -166,7 +166,6 @@ class ProxyRequest:
         target: str,
         *,
         streaming: bool = False,
-        first_token_time_ns: int | None = None,
         start_time_ns: int | None = None,
         end_time_ns: int | None = None,
     ) -> Iterator[Leg]:
