@@ -356,6 +356,23 @@ def test_tcp_fallback_alert_stays_quiet_for_the_healthy_scenario(stack: tuple[Pr
     )
 
 
+def test_gpu_nic_mismatch_alert_fires_only_where_claims_are_unaligned(
+    stack: tuple[Prom, dict[str, Fed]],
+) -> None:
+    """The fleet mix includes unaligned DRA claims; the TCP-only and healthy pools do not."""
+    prom, _ = stack
+    name = "LLMDKVTransferGPUNICMismatch"
+
+    def namespaces() -> set[str]:
+        return {
+            a["labels"].get("namespace", "")
+            for a in prom.alerts()
+            if a["labels"]["alertname"] == name and a["state"] == "firing"
+        }
+
+    assert _wait(f"{name} to fire", namespaces) == {"all-scenarios"}
+
+
 def _assert_queries_return_data(prom: Prom, queries: list[promql.Target]) -> None:
 
     def empty() -> list[str]:
