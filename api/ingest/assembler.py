@@ -111,24 +111,53 @@ class Assembler:
         return total
 
     def run_once(self, now_ns: int | None = None, limit: int = 500) -> int:
-        """Assemble the traces that are ready. Returns how many were picked (0: none ready)."""
+        """Assemble the traces that are ready, as one batch: a few queries and one transaction
+        for up to `limit` traces. Returns how many were picked when the page was full (call
+        again), else 0."""
         now = now_ns if now_ns is not None else time.time_ns()
         quiet_cutoff = now - int(self.settings.quiet_period_s * 1e9)
         wait_cutoff = now - int(self.settings.max_trace_wait_s * 1e9)
         ready = self.store.dirty_traces(quiet_cutoff, wait_cutoff, limit)
-        done: set[str] = set()
-        for trace in ready:
-            if trace.trace_id in done:
-                continue
-            done |= self._assemble_group(
-                trace.trace_id, trace.last_arrival_ns, now, quiet_cutoff, wait_cutoff
-            )
+        if not ready:
+            return 0
+        seen = {t.trace_id: t.last_arrival_ns for t in ready}
+        late = {t.trace_id: t.late_spans for t in ready}
+        spans = _by_trace(self.store.load_spans(seen))
+        keys = {tid: self._keys(spans.get(tid, [])) for tid in seen}
+        groups = _stitch(seen, keys, self.store.traces_for_keys(set().union(*keys.values())))
+        others = {t for g in groups for t in g} - seen.keys()
+        states = self.store.trace_states(others)
+        todo: list[set[str]] = []
+        for g in groups:
+            outside = g - seen.keys()
+            busy = any(t in states and states[t].last_arrival_ns > quiet_cutoff for t in outside)
+            if busy and max(seen[t] for t in g if t in seen) > wait_cutoff:
+                continue  # a sibling hop is still arriving: assemble them together later
+            todo.append(g)
+        extra = {t for g in todo for t in g} - seen.keys()
+        spans.update(_by_trace(self.store.load_spans(extra)))
+        for t in extra:
+            if t in states:
+                seen[t] = states[t].last_arrival_ns
+                late[t] = states[t].late_spans
+        summaries: list[RequestSummary] = []
+        marks: dict[str, int] = {}
+        for g in todo:
+            members = [s for t in sorted(g) for s in spans.get(t, [])]
+            try:
+                facts = self.pipeline.assemble(members, now_ns=now)
+                summaries += [self.pipeline.judge(f) for f in facts]
+            except Exception:  # leave this group without a summary, never retry it in a loop
+                log.exception("assembly failed for traces %s (%d spans)", sorted(g), len(members))
+                self.metrics[semconv.M_SPANS_REJECTED].labels("assembly_failed").inc(len(members))
+            marks.update({t: seen[t] for t in g if t in seen})
+        old = self.store.previous_summaries(marks)
+        superseded = set(old) - {s.trace_id for s in summaries}
+        self.store.save_assembly(summaries, marks, superseded, now)
+        self._count(summaries, old, marks, late, now)
         return len(ready) if len(ready) >= limit else 0
 
-    def _assemble_group(
-        self, trace_id: str, last_arrival_ns: int, now: int, quiet_cutoff: int, wait_cutoff: int
-    ) -> set[str]:
-        spans = self.store.load_spans([trace_id])
+    def _keys(self, spans: list[Span]) -> set[str]:
         keys: set[str] = set()
         for s in spans:
             if s.request_key:
@@ -137,35 +166,63 @@ class Assembler:
                 keys.update(self.pipeline.request_keys(s))
             except Exception:
                 log.exception("request_keys failed on span %s", s.span_id)
-        related = self.store.traces_for_keys(keys) - {trace_id}
-        states = self.store.trace_states(related | {trace_id})
-        if related:
-            busy = [t for t in related if t in states and states[t].last_arrival_ns > quiet_cutoff]
-            if busy and last_arrival_ns > wait_cutoff:
-                return set()  # a sibling hop is still arriving: assemble them together later
-            spans.extend(self.store.load_spans(related))
-        group = {tid: st.last_arrival_ns for tid, st in states.items()}
-        group.setdefault(trace_id, last_arrival_ns)
-        try:
-            facts = self.pipeline.assemble(spans, now_ns=now)
-            summaries = [self.pipeline.judge(f) for f in facts]
-            old = self.store.previous_summaries(group)
-            superseded = set(old) - {s.trace_id for s in summaries}
-            self.store.save_assembly(summaries, group, superseded, now)
-        except Exception:
-            # Never spin on one trace: leave it without a summary, say so, and move on.
-            log.exception("assembly failed for trace %s (%d spans)", trace_id, len(spans))
-            self.store.save_assembly([], group, (), now)
-            self.metrics[semconv.M_SPANS_REJECTED].labels("assembly_failed").inc(len(spans))
-            return set(group)
-        late = sum(st.late_spans for st in states.values())
-        if late:
-            self.metrics[semconv.M_LATE_SPANS].inc(late)
-        lag_s = max(0, now - max(group.values())) / 1e9
+        return keys
+
+    def _count(
+        self,
+        summaries: list[RequestSummary],
+        old: dict[str, dict[str, Any]],
+        marks: dict[str, int],
+        late: dict[str, int],
+        now: int,
+    ) -> None:
+        late_total = sum(late.get(t, 0) for t in marks)
+        if late_total:
+            self.metrics[semconv.M_LATE_SPANS].inc(late_total)
         for s in summaries:
             previous = old.get(s.trace_id) or next((old[t] for t in s.trace_ids if t in old), None)
             self.metrics.request_assembled(s.to_dict(), previous)
             if len(s.trace_ids) > 1 and (previous is None or len(previous.get("trace_ids") or []) <= 1):
                 self.metrics[semconv.M_STITCHED].inc()
-            self.metrics[semconv.M_ASSEMBLY_LAG].observe(lag_s)
-        return set(group)
+            arrivals = [marks[t] for t in s.trace_ids or [s.trace_id] if t in marks]
+            if arrivals:
+                self.metrics[semconv.M_ASSEMBLY_LAG].observe(max(0, now - max(arrivals)) / 1e9)
+
+
+MAX_KEY_FANOUT = 32  # a "key" shared by more traces than this is not one request's id
+
+
+def _by_trace(spans: list[Span]) -> dict[str, list[Span]]:
+    out: dict[str, list[Span]] = {}
+    for s in spans:
+        out.setdefault(s.trace_id, []).append(s)
+    return out
+
+
+def _stitch(ready: dict[str, int], keys: dict[str, set[str]], pairs: list[tuple[str, str]]) -> list[set[str]]:
+    """Groups of traces that share a request key (union-find), each holding a ready trace."""
+    holders: dict[str, set[str]] = {}
+    for key, tid in pairs:
+        holders.setdefault(key, set()).add(tid)
+    for tid, ks in keys.items():
+        for k in ks:
+            holders.setdefault(k, set()).add(tid)
+    parent: dict[str, str] = {t: t for t in ready}
+
+    def find(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for tids in holders.values():
+        if len(tids) > MAX_KEY_FANOUT:
+            continue
+        first, *rest = sorted(tids)
+        for t in rest:
+            parent[find(t)] = find(first)
+    groups: dict[str, set[str]] = {}
+    for t in list(parent):
+        groups.setdefault(find(t), set()).add(t)
+    return [g for g in groups.values() if g & ready.keys()]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sqlalchemy import Engine, and_, delete, func, or_, select, text, update
+from sqlalchemy import Engine, and_, bindparam, delete, func, or_, select, text, update
 
 from railtrace.model import RequestSummary, Span
 from railtrace.store.engine import is_sqlite
@@ -21,7 +21,6 @@ INSERT_COLUMNS = (
     "status_code, resource_id, received_ns, body"
 )
 MAX_KNOWN_RESOURCES = 100_000
-MAX_STITCHED_TRACES = 32
 
 
 @dataclass(slots=True)
@@ -171,19 +170,17 @@ class Store:
                     out[r[0]] = DirtyTrace(r[0], r[1], r[2], r[3] is not None, bool(r[4]))
         return out
 
-    def traces_for_keys(self, keys: Iterable[str]) -> set[str]:
-        """Trace ids holding a span with one of these request keys (stitching)."""
+    def traces_for_keys(self, keys: Iterable[str]) -> list[tuple[str, str]]:
+        """(request key, trace id) for every trace holding one of these keys (stitching)."""
         ks = sorted({k for k in keys if k})
-        if not ks:
-            return set()
+        out: list[tuple[str, str]] = []
         with self.engine.connect() as conn:
-            q = (
-                select(trace_keys.c.trace_id)
-                .where(trace_keys.c.request_key.in_(ks[:200]))
-                .distinct()
-                .limit(MAX_STITCHED_TRACES)
-            )
-            return {r[0] for r in conn.execute(q)}
+            for chunk in _chunks(ks, 500):
+                q = select(trace_keys.c.request_key, trace_keys.c.trace_id).where(
+                    trace_keys.c.request_key.in_(chunk)
+                )
+                out.extend((r[0], r[1]) for r in conn.execute(q))
+        return out
 
     def load_spans(self, trace_ids: Iterable[str]) -> list[Span]:
         ids = sorted(set(trace_ids))
@@ -244,34 +241,37 @@ class Store:
         for s in summaries:
             for tid in s.trace_ids or [s.trace_id]:
                 trace_to_request.setdefault(tid, s.trace_id)
+        rows: dict[str, dict[str, Any]] = {}
+        flag_rows: list[dict[str, Any]] = []
+        for s in summaries:
+            if s.trace_id in rows:  # two requests under one primary trace: the first is kept
+                continue
+            rows[s.trace_id] = _request_row(s, now_ns)
+            start_ns = rows[s.trace_id]["start_ns"]
+            flag_rows += [
+                {"flag": n, "start_ns": start_ns, "trace_id": s.trace_id} for n in sorted(_flags(s))
+            ]
         with self.engine.begin() as conn:
-            gone = set(superseded) | {s.trace_id for s in summaries}
+            gone = set(superseded) | set(rows)
             for chunk in _chunks(sorted(gone), 500):
                 conn.execute(delete(request_flags).where(request_flags.c.trace_id.in_(chunk)))
                 conn.execute(delete(requests).where(requests.c.trace_id.in_(chunk)))
-            written: set[str] = set()
-            for s in summaries:
-                if s.trace_id in written:
-                    continue
-                written.add(s.trace_id)
-                conn.execute(requests.insert().values(**_request_row(s, now_ns)))
-                start_ns = _start_ns(s)
-                names = sorted({f.name for f in s.flags})
-                if names:
-                    conn.execute(
-                        request_flags.insert(),
-                        [{"flag": n, "start_ns": start_ns, "trace_id": s.trace_id} for n in names],
-                    )
-            for tid, last_arrival in group.items():
+            if rows:
+                conn.execute(requests.insert(), list(rows.values()))
+            if flag_rows:
+                conn.execute(request_flags.insert(), flag_rows)
+            if group:
+                t = traces.c
                 conn.execute(
                     update(traces)
-                    .where(traces.c.trace_id == tid, traces.c.last_arrival_ns == last_arrival)
+                    .where(t.trace_id == bindparam("tid"), t.last_arrival_ns == bindparam("seen"))
                     .values(
-                        dirty=False,
-                        late_spans=0,
-                        assembled_ns=now_ns,
-                        request_trace_id=trace_to_request.get(tid),
-                    )
+                        dirty=False, late_spans=0, assembled_ns=now_ns, request_trace_id=bindparam("rtid")
+                    ),
+                    [
+                        {"tid": tid, "seen": seen, "rtid": trace_to_request.get(tid)}
+                        for tid, seen in sorted(group.items())
+                    ],
                 )
 
     # -- queries -------------------------------------------------------------------------------
@@ -443,6 +443,10 @@ def _start_ns(s: RequestSummary) -> int:
     return round(dt.timestamp() * 1e6) * 1000
 
 
+def _flags(s: RequestSummary) -> set[str]:
+    return {str(f.name)[:64] for f in s.flags}
+
+
 def _request_row(s: RequestSummary, now_ns: int) -> dict[str, Any]:
     kv = s.kv_transfer
     return {
@@ -461,7 +465,7 @@ def _request_row(s: RequestSummary, now_ns: int) -> dict[str, Any]:
         "decode_pod": s.decode.get("pod"),
         "decode_node": s.decode.get("node"),
         "pairing_level": s.pairing_level,
-        "flag_names": ",".join(sorted({f.name for f in s.flags})),
+        "flag_names": ",".join(sorted(_flags(s))),
         "summary": orjson.dumps(s.to_dict(), option=orjson.OPT_NON_STR_KEYS),
         "updated_ns": now_ns,
     }
