@@ -56,8 +56,16 @@ def verdict_config(settings: Settings) -> Any:
 class Assembler:
     """Background thread running `run_once` every `assembly_interval_s`, plus retention."""
 
-    def __init__(self, store: Store, settings: Settings, metrics: Metrics, pipeline: Pipeline) -> None:
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        metrics: Metrics,
+        pipeline: Pipeline,
+        busy: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.store = store
+        self._busy = busy
         self.settings = settings
         self.metrics = metrics
         self.pipeline = pipeline
@@ -79,8 +87,12 @@ class Assembler:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                while self.run_once() and not self._stop.is_set():
-                    pass  # a full page: keep going without sleeping
+                # Acknowledging exports comes first: while the writer has work queued, assemble
+                # only a small batch per interval (the backlog is durable and catches up later).
+                while not self._stop.is_set():
+                    busy = self._busy()
+                    if not self.run_once(limit=BUSY_BATCH if busy else FULL_BATCH) or busy:
+                        break
                 self._housekeeping()
             except Exception:  # a failing round (database away) must not end the loop
                 log.exception("assembly round failed")
@@ -189,6 +201,8 @@ class Assembler:
                 self.metrics[semconv.M_ASSEMBLY_LAG].observe(max(0, now - max(arrivals)) / 1e9)
 
 
+FULL_BATCH = 500
+BUSY_BATCH = 50
 MAX_KEY_FANOUT = 32  # a "key" shared by more traces than this is not one request's id
 
 

@@ -90,7 +90,9 @@ class Runtime:
                 self.assembly_error = f"assembly unavailable: {exc}"
                 log.warning(self.assembly_error)
         if pipeline is not None:
-            self.assembler = Assembler(self.store, self.settings, self.metrics, pipeline)
+            self.assembler = Assembler(
+                self.store, self.settings, self.metrics, pipeline, busy=lambda: self.writer.pending > 0
+            )
             self.assembler.start()
         self.started = True
         return self
