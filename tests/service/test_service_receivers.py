@@ -302,3 +302,31 @@ def test_stop_answers_in_flight_exports(db_url: str) -> None:
     t.join()
     svc.stop()
     assert results == [200]
+
+
+def test_grpc_malformed_payload_is_invalid_argument(service: Service) -> None:
+    with grpc.insecure_channel(service.grpc_endpoint) as channel:
+        export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+        with pytest.raises(grpc.RpcError) as err:
+            export(b"\xff\xff\xff\xff not protobuf", timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "protobuf" in err.value.details()
+    assert stored_spans(service) == 0
+
+
+def test_content_is_never_stored(service: Service) -> None:
+    req = export_request([1])
+    span = req.resource_spans[0].scope_spans[0].spans[0]
+    secret = "PROMPT-TEXT-THAT-MUST-NOT-BE-STORED"
+    span.attributes.add(key="gen_ai.input.messages").value.string_value = secret
+    event = span.events.add(name="gen_ai.choice", time_unix_nano=span.start_time_unix_nano)
+    event.attributes.add(key="gen_ai.output.messages").value.string_value = secret
+    event.attributes.add(key="finish_reason").value.string_value = "stop"
+    assert post(service, req.SerializeToString()).status_code == 200
+    spans = httpx.get(f"{service.http_url}/api/v1/traces/{trace_id(1)}").json()["spans"]
+    root = next(s for s in spans if s["span_id"] == span_id(1, 0))
+    assert "gen_ai.input.messages" not in root["attributes"]
+    assert root["events"][0]["attributes"] == {"finish_reason": "stop"}
+    with service.runtime.engine.connect() as conn:
+        blobs = conn.execute(select(spans_table.c.body)).scalars().all()
+    assert blobs and not any(secret.encode() in bytes(b) for b in blobs)
