@@ -134,7 +134,7 @@ class Assembler:
             return 0
         seen = {t.trace_id: t.last_arrival_ns for t in ready}
         late = {t.trace_id: t.late_spans for t in ready}
-        spans = _by_trace(self.store.load_spans(seen))
+        spans = _by_trace(self.store.load_spans(seen, normalize=False))
         keys = {tid: self._keys(spans.get(tid, [])) for tid in seen}
         groups = _stitch(seen, keys, self.store.traces_for_keys(set().union(*keys.values())))
         others = {t for g in groups for t in g} - seen.keys()
@@ -147,7 +147,7 @@ class Assembler:
                 continue  # a sibling hop is still arriving: assemble them together later
             todo.append(g)
         extra = {t for g in todo for t in g} - seen.keys()
-        spans.update(_by_trace(self.store.load_spans(extra)))
+        spans.update(_by_trace(self.store.load_spans(extra, normalize=False)))
         for t in extra:
             if t in states:
                 seen[t] = states[t].last_arrival_ns
@@ -172,8 +172,6 @@ class Assembler:
     def _keys(self, spans: list[Span]) -> set[str]:
         keys: set[str] = set()
         for s in spans:
-            if s.request_key:
-                keys.add(s.request_key)
             try:
                 keys.update(self.pipeline.request_keys(s))
             except Exception:

@@ -241,8 +241,9 @@ def rows_from_request(request: ExportTraceServiceRequest, raw: bytes | None = No
     return batch
 
 
-def span_from_row(row: Any, resource: dict[str, Any]) -> Span:
-    """A stored span back as a normalised `Span` (attributes decoded and bounded here)."""
+def span_from_row(row: Any, resource: dict[str, Any], normalize: bool = True) -> Span:
+    """A stored span back as a `Span`, attributes decoded and bounded here, normalised unless
+    the caller normalises itself."""
     pb = PbSpan.FromString(row.body)
     result = DecodeResult()
     span = Span(
@@ -268,4 +269,4 @@ def span_from_row(row: Any, resource: dict[str, Any]) -> Span:
             for e in pb.events[:MAX_EVENTS]
         ],
     )
-    return normalize_span(span)
+    return normalize_span(span) if normalize else span

@@ -182,7 +182,9 @@ class Store:
                 out.extend((r[0], r[1]) for r in conn.execute(q))
         return out
 
-    def load_spans(self, trace_ids: Iterable[str]) -> list[Span]:
+    def load_spans(self, trace_ids: Iterable[str], normalize: bool = True) -> list[Span]:
+        """Spans of these traces, attributes decoded; normalised unless the caller (assembly,
+        which normalises itself) says not to."""
         ids = sorted(set(trace_ids))
         out: list[Span] = []
         resource_cache: dict[int, dict[str, Any]] = {}
@@ -199,7 +201,7 @@ class Store:
                         select(resources.c.id, resources.c.attributes).where(resources.c.id.in_(missing))
                     ):
                         resource_cache[rid] = orjson.loads(blob)
-                out.extend(span_from_row(r, resource_cache.get(r.resource_id, {})) for r in rows)
+                out.extend(span_from_row(r, resource_cache.get(r.resource_id, {}), normalize) for r in rows)
         return out
 
     def previous_summaries(self, trace_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
