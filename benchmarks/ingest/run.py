@@ -206,6 +206,79 @@ def end_to_end(calls: list[bytes], db: str, clients: int, quiet_period: float | 
         database.drop()
 
 
+def phoenix(calls: list[bytes], executable: str, clients: int) -> dict[str, float]:
+    """Arize Phoenix (its own venv, SQLite) on the same payload: spans/s until its database
+    holds every span. Phoenix answers 200 before it stores, so the clock stops at the count."""
+    import sqlite3
+
+    workdir = Path(tempfile.mkdtemp(prefix="phoenix-bench-"))
+    port, grpc_port = free_port(), free_port()
+    env = dict(
+        os.environ,
+        PHOENIX_WORKING_DIR=str(workdir),
+        PHOENIX_PORT=str(port),
+        PHOENIX_GRPC_PORT=str(grpc_port),
+        PHOENIX_HOST="127.0.0.1",
+    )
+    proc = subprocess.Popen(
+        [executable, "serve"], env=env, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("Phoenix did not start")
+            time.sleep(0.5)
+        n_spans = 512 * len(calls)
+        queue = list(range(len(calls)))
+        lock = threading.Lock()
+
+        def worker() -> None:
+            with httpx.Client(base_url=base, timeout=300, headers={"content-type": PROTOBUF}) as client:
+                while True:
+                    with lock:
+                        if not queue:
+                            return
+                        i = queue.pop()
+                    r = client.post("/v1/traces", content=calls[i])
+                    r.raise_for_status()
+
+        threads = [threading.Thread(target=worker) for _ in range(clients)]
+        t = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        accepted = time.perf_counter() - t
+        db = sqlite3.connect(workdir / "phoenix.db")
+        deadline = time.monotonic() + 3600
+        while time.monotonic() < deadline:
+            if db.execute("SELECT count(*) FROM spans").fetchone()[0] >= n_spans:
+                break
+            time.sleep(0.5)
+        else:
+            raise RuntimeError("Phoenix did not store every span within an hour")
+        stored = time.perf_counter() - t
+        db.close()
+        return {
+            "phoenix (SQLite) accepted, wall clock": rate(n_spans, accepted),
+            "phoenix (SQLite) durable and queryable, wall clock": rate(n_spans, stored),
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process (all its threads), from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -240,6 +313,8 @@ def main() -> int:
     ap.add_argument(
         "--also-deferred", action="store_true", help="also run with assembly deferred (ingest only)"
     )
+    ap.add_argument("--phoenix", help="path of `phoenix` in its own venv: run it side by side (SQLite)")
+    ap.add_argument("--phoenix-spans", type=int, default=10240, help="spans sent to Phoenix (it is slow)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
     calls = export_calls(args.spans)
@@ -250,6 +325,16 @@ def main() -> int:
         results.update(end_to_end(calls, db, args.clients, args.quiet_period))
         if args.also_deferred:
             results.update(end_to_end(calls, db, args.clients, 3600.0))
+    if args.phoenix:
+        phoenix_calls = calls[: max(1, args.phoenix_spans // 512)]
+        results.update(phoenix(phoenix_calls, args.phoenix, args.clients))
+        # The same first calls through railtrace, back to back, for a like-for-like ratio.
+        same = end_to_end(phoenix_calls, "sqlite", args.clients, args.quiet_period)
+        ours = next(v for k, v in same.items() if "durable and queryable" in k)
+        results["railtrace (SQLite) on the Phoenix payload, durable and queryable, wall clock"] = ours
+        results["ratio railtrace / phoenix, durable and queryable"] = (
+            ours / results["phoenix (SQLite) durable and queryable, wall clock"]
+        )
     meta = {
         "spans": 512 * len(calls),
         "spans_per_call": 512,
@@ -261,7 +346,7 @@ def main() -> int:
     print(f"railtrace ingest benchmark: {meta}")
     print("| measurement | spans/s (or as named) |\n|---|---:|")
     for k, v in results.items():
-        print(f"| {k} | {v:,.0f} |")
+        print(f"| {k} | {v:,.1f} |" if k.startswith("ratio") else f"| {k} | {v:,.0f} |")
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     return 0
