@@ -44,6 +44,7 @@ class Runtime:
         self._pipeline = pipeline
         self.assembler: Assembler | None = None
         self.assembly_error: str | None = None
+        self._contract_cache: Any = None
         self.started = False
 
     def _committed(self, result: InsertResult) -> None:
@@ -76,6 +77,28 @@ class Runtime:
         if self.topology_holder is None:
             raise TopologyUnavailable(self.topology_error or "no topology")
         return self.topology_holder.get()
+
+    def contract_report(self) -> Any:
+        """The contract audit shared by the REST route and the /metrics gauge (cached briefly)."""
+        from railtrace.contract.online import ContractCache
+
+        topology = self.topology()
+        if self._contract_cache is None:
+            self._contract_cache = ContractCache()
+        return self._contract_cache.get(topology, self.store)
+
+    def refresh_contract_gauge(self) -> None:
+        """Set one gauge per obligation and status; a scrape never fails because of the audit."""
+        from railtrace.contract.report import contract_gauges
+
+        try:
+            report = self.contract_report()
+        except Exception as exc:  # no topology yet, or a store hiccup: keep the last values
+            log.debug("contract gauge not refreshed: %s", exc)
+            return
+        gauge = self.metrics[semconv.M_CONTRACT]
+        for (obligation, status), pods in contract_gauges(report).items():
+            gauge.labels(obligation, status).set(pods)
 
     def start(self) -> Runtime:
         """Migrate, load the topology, start the writer and the assembler loop."""

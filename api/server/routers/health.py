@@ -38,5 +38,6 @@ def readyz(rt: RuntimeDep) -> Response:
 
 @router.get("/metrics", summary="Prometheus metrics (OpenMetrics with trace-id exemplars when asked)")
 def metrics(request: Request, rt: RuntimeDep) -> Response:
+    rt.refresh_contract_gauge()
     body, media = rt.metrics.render(request.headers.get("accept"))
     return Response(body, media_type=media)

@@ -1,11 +1,11 @@
-"""REST API v1: requests, traces, topology, stats."""
+"""REST API v1: requests, traces, topology, stats, contract."""
 
 from fastapi import APIRouter
 
-from railtrace.server.routers.v1 import requests, stats, topology, traces
+from railtrace.server.routers.v1 import contract, requests, stats, topology, traces
 
 router = APIRouter(prefix="/api/v1")
-for _module in (requests, traces, topology, stats):
+for _module in (requests, traces, topology, stats, contract):
     router.include_router(_module.router)
 
 __all__ = ["router"]
