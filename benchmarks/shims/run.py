@@ -34,7 +34,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
 ROOT = Path(__file__).resolve().parents[2]
-PROBE_LOG = Path("/work/shared/fixtures/transport/probe/two_read_default.log")
+PROBE_LOG = (
+    Path(os.environ.get("RAILTRACE_SHARED") or Path(__file__).resolve().parents[3] / "shared")
+    / "fixtures/transport/probe/two_read_default.log"
+)
 
 
 class DropExporter(SpanExporter):

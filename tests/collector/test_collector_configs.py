@@ -16,12 +16,13 @@ import yaml
 
 from railtrace.normalize.table import EXACT
 from railtrace_tracing import semconv
+from tests.shared_paths import FIXTURES
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO / "collector_config"
 TIER1 = CONFIG_DIR / "tier1-loadbalancer.yaml"
 TIER2 = CONFIG_DIR / "tier2-sampler.yaml"
-LLMD_RECIPE = Path("/work/shared/fixtures/llmd/otel-collector.yaml")
+LLMD_RECIPE = FIXTURES / "llmd" / "otel-collector.yaml"
 CONTRIB_VERSION = "0.120.0"
 
 # Environment the manifests must set (documented in collector_config/README.md).

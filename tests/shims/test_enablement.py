@@ -15,9 +15,10 @@ from railtrace_tracing import semconv as sc
 from railtrace_tracing._common import enabled_shims
 from railtrace_tracing.kv_transfer import emit_kv_transfer, record_kv_transfer
 from railtrace_tracing.kv_transfer.recorder import evidence_attributes
+from tests.shared_paths import FIXTURES
 
 ROOT = Path(__file__).resolve().parents[2]
-PROBE = Path("/work/shared/fixtures/transport/probe/two_read_tls_tcp.log")
+PROBE = FIXTURES / "transport" / "probe" / "two_read_tls_tcp.log"
 
 
 def test_env_switch_parsing() -> None:

@@ -8,8 +8,9 @@ import pytest
 
 from railtrace_tracing import semconv as sc
 from railtrace_tracing.kv_transfer.ucx_capture import UcxLogCapture
+from tests.shared_paths import FIXTURES
 
-LOG = Path("/work/shared/fixtures/transport/probe/two_read_tls_tcp.log")
+LOG = FIXTURES / "transport" / "probe" / "two_read_tls_tcp.log"
 
 
 @pytest.mark.skipif(not LOG.exists(), reason="shared fixtures not present")

@@ -11,10 +11,9 @@ import pytest
 from railtrace_tracing.semconv import Transport
 from railtrace_tracing.ucx import parse_file
 from railtrace_tracing.ucx.cli import ucx_evidence_command
+from tests.shared_paths import FIXTURES
 
-FIX = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "transport"
-if not FIX.exists():  # checkout elsewhere: fall back to the shared location
-    FIX = Path("/work/shared/fixtures/transport")
+FIX = FIXTURES / "transport"
 PROBE = FIX / "probe"
 PUB = FIX / "public-excerpts"
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-FIX = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "topology"
-if not FIX.exists():
-    FIX = Path("/work/shared/fixtures/topology")
+from tests.shared_paths import FIXTURES
+
+FIX = FIXTURES / "topology"
 
 
 @pytest.fixture(scope="session")
