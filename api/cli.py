@@ -39,12 +39,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--topology",
         action="append",
         metavar="PATH",
-        help="topology file or folder (repeatable), or `k8s` for the live cluster " + _env_default("topology"),
+        help="topology file or folder (repeatable), or `k8s` for the live cluster "
+        + _env_default("topology"),
     )
     serve.add_argument("--host", help="listen address, default 127.0.0.1 " + _env_default("host"))
-    serve.add_argument("--port", type=int, help="HTTP port (OTLP/HTTP + API), default 4318 " + _env_default("port"))
-    serve.add_argument("--grpc-port", type=int, help="OTLP/gRPC port, default 4317 " + _env_default("grpc_port"))
-    serve.add_argument("--quiet-period", type=float, help="seconds after a request's last span before assembly")
+    serve.add_argument(
+        "--port", type=int, help="HTTP port (OTLP/HTTP + API), default 4318 " + _env_default("port")
+    )
+    serve.add_argument(
+        "--grpc-port", type=int, help="OTLP/gRPC port, default 4317 " + _env_default("grpc_port")
+    )
+    serve.add_argument(
+        "--quiet-period", type=float, help="seconds after a request's last span before assembly"
+    )
     serve.add_argument("--retention-hours", type=float, help="delete requests older than this (0 keeps all)")
 
     demo = sub.add_parser("demo", help="run a simulated P/D fleet with injected faults end to end")
@@ -82,8 +89,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     module_name, func_name = HANDLERS[args.command].split(":")
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:  # a part that is not installed in this environment
-        print(f"railtrace {args.command}: unavailable ({exc})", file=sys.stderr)
+    except ModuleNotFoundError as exc:  # an incomplete install
+        print(
+            f"railtrace {args.command}: cannot start, {exc}; reinstall railtrace (pip install -e .)",
+            file=sys.stderr,
+        )
         return 2
     try:
         return int(getattr(module, func_name)(args) or 0)
