@@ -80,6 +80,9 @@ def guarded(default: Any = None) -> Callable[[Callable[..., _T]], Callable[..., 
 
 class _MappingGetter(Getter[Mapping[str, Any]]):
     def get(self, carrier: Mapping[str, Any], key: str) -> list[str] | None:
+        v = carrier.get(key)  # headers are usually lower-case already: skip the scan
+        if type(v) is str:
+            return [v]
         for k, v in carrier.items():
             if str(k).lower() == key:
                 if v is None:
@@ -94,10 +97,45 @@ class _MappingGetter(Getter[Mapping[str, Any]]):
 MAPPING_GETTER = _MappingGetter()
 
 
+_LOWER_HEX = frozenset("0123456789abcdef-")
+_EMPTY_CONTEXT = otel_context.Context()
+
+
+def _fast_traceparent(value: Any) -> otel_context.Context | None:
+    """The common case (version 00, lower-case, no `tracestate`) parsed as the W3C propagator
+    does, without its regular expression; None hands the header to the propagator."""
+    if (
+        type(value) is not str
+        or len(value) != 55
+        or value[2] != "-"
+        or value[35] != "-"
+        or value[52] != "-"
+        or not value.startswith("00-")
+        or not _LOWER_HEX.issuperset(value)
+        or value.count("-") != 3
+    ):
+        return None
+    trace_id, span_id = int(value[3:35], 16), int(value[36:52], 16)
+    if not trace_id or not span_id:
+        return None
+    span_context = trace.SpanContext(
+        trace_id=trace_id,
+        span_id=span_id,
+        is_remote=True,
+        trace_flags=trace.TraceFlags(int(value[53:], 16)),
+        trace_state=None,
+    )
+    return trace.set_span_in_context(trace.NonRecordingSpan(span_context), _EMPTY_CONTEXT)
+
+
 def extract_context(carrier: Mapping[str, Any] | None) -> otel_context.Context | None:
     """W3C trace context from a header-like mapping; None when it carries no valid `traceparent`."""
     if not carrier:
         return None
+    if "tracestate" not in carrier and "Tracestate" not in carrier:
+        fast = _fast_traceparent(carrier.get("traceparent"))
+        if fast is not None:
+            return fast
     ctx = _W3C.extract(carrier, getter=MAPPING_GETTER)
     span_ctx = trace.get_current_span(ctx).get_span_context()
     return ctx if span_ctx.is_valid else None
@@ -106,6 +144,19 @@ def extract_context(carrier: Mapping[str, Any] | None) -> otel_context.Context |
 def inject_context(carrier: dict[str, str], ctx: otel_context.Context | None = None) -> dict[str, str]:
     """Write `traceparent`/`tracestate` of `ctx` (current when None) into `carrier`."""
     _W3C.inject(carrier, context=ctx)
+    return carrier
+
+
+def inject_span(carrier: Any, span: trace.Span | None) -> Any:
+    """`inject_context` for one span, without building a context: the same W3C headers."""
+    if span is None:
+        return inject_context(carrier)
+    sc = span.get_span_context()
+    if sc == trace.INVALID_SPAN_CONTEXT:
+        return carrier
+    carrier["traceparent"] = f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}"
+    if sc.trace_state:
+        carrier["tracestate"] = sc.trace_state.to_header()
     return carrier
 
 

@@ -87,14 +87,14 @@ def test_shim_failure_costs_a_span_not_the_request() -> None:
 
 
 def test_nixl_wrapper_failure_does_not_reach_the_caller(monkeypatch) -> None:
-    from railtrace_tracing.kv_transfer.instrumentor import NixlKVTransferInstrumentor
+    from railtrace_tracing.kv_transfer import instrumentor as mod
 
-    inst = NixlKVTransferInstrumentor()
+    inst = mod.NixlKVTransferInstrumentor()
 
     def boom(*a: object, **k: object) -> None:
         raise RuntimeError("shim bug")
 
-    monkeypatch.setattr(inst, "_remember", boom)
+    monkeypatch.setattr(mod, "_Pending", boom)  # the bookkeeping of every patch fails
 
     class Agent:
         name = "a"
@@ -102,8 +102,13 @@ def test_nixl_wrapper_failure_does_not_reach_the_caller(monkeypatch) -> None:
         def initialize_xfer(self, *a: object) -> str:
             return "handle"
 
-    result = inst._w_initialize_xfer(Agent().initialize_xfer, Agent(), ("READ", [], [], "peer"), {})
-    assert result == "handle"
+        def transfer(self, *a: object) -> str:
+            return "DONE"
+
+    init = inst._make_initialize_xfer(Agent.initialize_xfer)
+    post = inst._make_transfer(Agent.transfer)
+    assert init(Agent(), "READ", [], [], "peer") == "handle"
+    assert post(Agent(), "handle") == "DONE"
 
 
 def _run(code: str, env: dict[str, str]) -> str:

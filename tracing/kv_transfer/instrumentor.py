@@ -1,30 +1,38 @@
 """`NixlKVTransferInstrumentor`: one `llm_d.kv_transfer` span per NIXL transfer.
 
-Wraps `nixl_agent` (nixl / nixl_cu12 / nixl_cu13 `_api`) with wrapt: `initialize_xfer` and
-`make_prepped_xfer` note what a handle will move, `transfer` opens the span at post time,
-`check_xfer_state` ends it when it reports DONE or ERR, `release_xfer_handle` ends a span
-still open. Transport and devices come from UCX's own log (see `ucx_capture`).
+Patches `nixl_agent` (nixl / nixl_cu12 / nixl_cu13 `_api`): `initialize_xfer` and
+`make_prepped_xfer` note what a handle will move, `transfer` notes the post time,
+`check_xfer_state` notes completion when it reports DONE or ERR, `release_xfer_handle` ends a
+transfer still open. Transport and devices come from UCX's own log (see `ucx_capture`).
+
+The transfer's own thread does as little as possible: plain-function patches (no proxy
+objects on the polling path), two clock reads and one tuple appended to a deque. Span
+building, attribute conversion and the UCX evidence lookup run on a background emitter.
 """
 
 from __future__ import annotations
 
-import contextlib
+import collections
 import contextvars
 import importlib
 import os
 import threading
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import wrapt
 from opentelemetry import context as otel_context
-from opentelemetry.instrumentation.utils import unwrap
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from railtrace_tracing import semconv as sc
-from railtrace_tracing._common import GatedInstrumentor, extract_context, logger
-from railtrace_tracing.kv_transfer.recorder import descriptor_bytes, emit_kv_transfer
+from railtrace_tracing._common import GatedInstrumentor, extract_context, get_tracer, logger
+from railtrace_tracing.kv_transfer.recorder import (
+    TRACER_NAME,
+    cached_evidence_attributes,
+    descriptor_bytes,
+)
 from railtrace_tracing.kv_transfer.ucx_capture import UcxLogCapture
 
 NIXL_MODULES = ("nixl._api", "nixl_cu12._api", "nixl_cu13._api")
@@ -37,6 +45,10 @@ _METHODS = (
     "check_xfer_state",
     "release_xfer_handle",
 )
+_PATCH_MARK = "__railtrace_original__"
+_time_ns = time.time_ns
+_get_current = otel_context.get_current
+_ERRORS = {"ERR": "nixl_xfer_err", "RELEASED": "released_before_done"}
 
 
 @dataclass
@@ -56,7 +68,23 @@ _SCOPE: contextvars.ContextVar[TransferScope | None] = contextvars.ContextVar(
 )
 
 
-@contextlib.contextmanager
+class _ScopeBlock:
+    """The context manager `kv_transfer_scope` returns (a class: cheaper than a generator)."""
+
+    __slots__ = ("_tokens", "scope")
+
+    def __init__(self, scope: TransferScope) -> None:
+        self.scope = scope
+        self._tokens: list[contextvars.Token[TransferScope | None]] = []
+
+    def __enter__(self) -> TransferScope:
+        self._tokens.append(_SCOPE.set(self.scope))
+        return self.scope
+
+    def __exit__(self, *exc: object) -> None:
+        _SCOPE.reset(self._tokens.pop())
+
+
 def kv_transfer_scope(
     request_id: str | None = None,
     *,
@@ -65,48 +93,55 @@ def kv_transfer_scope(
     remote_engine_id: str | None = None,
     remote_host: str | None = None,
     local_gpu: str | None = None,
-) -> Iterator[TransferScope]:
+) -> _ScopeBlock:
     """Attach request id, peer and trace context to every NIXL transfer posted inside the block.
 
-    The parent is the W3C context in `trace_headers`, else in `kv_transfer_params`
-    (`traceparent` or `trace_headers`), else the current one. Never raises.
+    `with kv_transfer_scope(...) as scope:`. The parent is the W3C context in `trace_headers`,
+    else in `kv_transfer_params` (`traceparent` or `trace_headers`), else the current one.
+    Never raises.
     """
     scope = TransferScope(request_id=request_id, local_gpu=local_gpu)
     try:
-        params = kv_transfer_params or {}
-        scope.remote_engine_id = remote_engine_id or _str(params.get(sc.KV_PARAM_REMOTE_ENGINE_ID))
-        scope.remote_host = remote_host or _str(params.get(sc.KV_PARAM_REMOTE_HOST))
-        for carrier in (trace_headers, params, params.get(sc.KV_PARAM_TRACE_HEADERS)):
-            if isinstance(carrier, Mapping):
+        scope.remote_engine_id = remote_engine_id
+        scope.remote_host = remote_host
+        if kv_transfer_params:
+            params = kv_transfer_params
+            if not remote_engine_id:
+                scope.remote_engine_id = _str(params.get(sc.KV_PARAM_REMOTE_ENGINE_ID))
+            if not remote_host:
+                scope.remote_host = _str(params.get(sc.KV_PARAM_REMOTE_HOST))
+            carriers: tuple[Any, ...] = (trace_headers, params, params.get(sc.KV_PARAM_TRACE_HEADERS))
+        else:
+            carriers = (trace_headers,)
+        for carrier in carriers:
+            if carrier and isinstance(carrier, Mapping):
                 ctx = extract_context(carrier)
                 if ctx is not None:
                     scope.parent = ctx
                     break
     except Exception:
         logger.debug("railtrace: kv_transfer_scope", exc_info=True)
-    token = _SCOPE.set(scope)
-    try:
-        yield scope
-    finally:
-        _SCOPE.reset(token)
+    return _ScopeBlock(scope)
 
 
 def _str(v: Any) -> str | None:
     return None if v is None or v == "" else str(v)
 
 
-@dataclass
 class _Pending:
-    handle: Any
-    agent: str
-    operation: str
-    bytes: int | None
-    descriptors: int | None
-    remote_agent: str | None
-    scope: TransferScope | None = None
-    posted_ns: int | None = None  # set by transfer(); None when no transfer is in flight
-    descs: Any = None  # descriptor list whose lengths give bytes/descriptors
-    parent: otel_context.Context | None = None
+    """What one handle will move, noted on the caller's thread; converted on the emitter's."""
+
+    __slots__ = ("agent", "bytes", "descriptors", "descs", "handle", "operation", "posted", "remote_agent")
+
+    def __init__(self, handle: Any, agent: Any, operation: Any, nbytes: Any, ndesc: Any, remote: Any) -> None:
+        self.handle = handle
+        self.agent = agent  # the agent's name, as NIXL gave it
+        self.operation = operation  # as the caller passed it ("READ")
+        self.bytes = nbytes
+        self.descriptors = ndesc
+        self.remote_agent = remote
+        self.descs: Any = None  # descriptor list whose lengths give bytes/descriptors
+        self.posted: tuple[int, Any, Any] | None = None  # (post time, scope, parent) while in flight
 
 
 class NixlKVTransferInstrumentor(GatedInstrumentor):
@@ -132,13 +167,16 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         self._dlists: dict[int, tuple[Any, list[int]]] = {}
         self._telemetry_agents: set[int] = set()
         self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
         self._patched: list[Any] = []
         self._active = False
-        self._deferred: list[tuple[tuple[Any, ...], float]] = []
+        # Finished transfers, appended by the transfers' threads (deque.append needs no lock)
+        # and taken by the emitter; `_waiting` holds those whose UCX evidence is not there yet.
+        self._queue: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._waiting: list[tuple[Any, ...]] = []
         self._worker: threading.Thread | None = None
         self._wake = threading.Event()
-        self._inflight = 0
-        self._grace_s = 1.0
+        self._grace_ns = 1_000_000_000
         self._async = True
 
     def instrumentation_dependencies(self) -> Collection[str]:
@@ -148,7 +186,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
     def _instrument(self, **kwargs: Any) -> None:
         self._tracer_provider = kwargs.get("tracer_provider")
         self._active = True
-        self._grace_s = float(kwargs.get("evidence_grace_s", 1.0))
+        self._grace_ns = int(float(kwargs.get("evidence_grace_s", 1.0)) * 1e9)
         self._async = bool(kwargs.get("background_emit", True))
         if kwargs.get("capture_ucx_log", True):
             self.capture = UcxLogCapture(kwargs.get("ucx_log_path"))
@@ -166,7 +204,12 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             if cls is None or cls in self._patched or not self._active:
                 return
             for name in _METHODS:
-                wrapt.wrap_function_wrapper(cls, name, getattr(self, "_w_" + name.strip("_")))
+                original = getattr(cls, name)
+                patch = getattr(self, "_make_" + name.strip("_"))(original)
+                setattr(patch, _PATCH_MARK, (name in cls.__dict__, original))
+                patch.__name__ = getattr(original, "__name__", name)
+                patch.__doc__ = getattr(original, "__doc__", None)
+                setattr(cls, name, patch)
             self._patched.append(cls)
 
         try:
@@ -183,133 +226,169 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         self._active = False
         for cls in self._patched:
             for name in _METHODS:
-                unwrap(cls, name)
+                mark = getattr(cls.__dict__.get(name), _PATCH_MARK, None)
+                if mark is None:
+                    continue  # someone patched over us: leave their patch in place
+                own, original = mark
+                if own:
+                    setattr(cls, name, original)
+                else:
+                    delattr(cls, name)
         self._patched.clear()
-        with self._lock:
-            pending = list(self._pending.values())
-            self._pending.clear()
-            self._dlists.clear()
+        self._pending.clear()  # transfers in flight at uninstrument() are not reported
+        self._dlists.clear()
         self.flush_deferred(final=True)
-        del pending  # transfers in flight at uninstrument() are not reported
 
-    # -- wrappers -------------------------------------------------------------------------
-    def _w_init(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        result = wrapped(*args, **kwargs)
-        try:
-            conf = kwargs.get("nixl_conf", args[1] if len(args) > 1 else None)
-            env_on = os.environ.get("NIXL_TELEMETRY_ENABLE", "").lower() in ("y", "yes", "1", "true", "on")
-            if (conf is not None and getattr(conf, "capture_telemetry", False)) or env_on:
-                self._telemetry_agents.add(id(instance))
-        except Exception:
-            pass
-        return result
-
-    def _w_prep_xfer_dlist(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        handle = wrapped(*args, **kwargs)
-        try:
-            xfer_list = kwargs.get("xfer_list", args[1] if len(args) > 1 else None)
-            lens = _lengths(xfer_list)
-            if lens is not None:
-                with self._lock:
-                    self._dlists[id(handle)] = (handle, lens)
-        except Exception:
-            pass
-        return handle
-
-    def _w_initialize_xfer(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        handle = wrapped(*args, **kwargs)
-        try:
-            op = kwargs.get("operation", args[0] if args else "")
-            local = kwargs.get("local_descs", args[1] if len(args) > 1 else None)
-            remote_agent = kwargs.get("remote_agent", args[3] if len(args) > 3 else None)
-            self._remember(instance, handle, op, None, None, remote_agent)
-            self._pending[id(handle)].descs = local  # summed off the transfer's thread
-        except Exception:
-            logger.debug("railtrace: initialize_xfer", exc_info=True)
-        return handle
-
-    def _w_make_prepped_xfer(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        handle = wrapped(*args, **kwargs)
-        try:
-            op = kwargs.get("operation", args[0] if args else "")
-            side = kwargs.get("local_xfer_side", args[1] if len(args) > 1 else None)
-            indices = kwargs.get("local_indices", args[2] if len(args) > 2 else None)
-            ndesc = len(indices) if indices is not None else None
-            nbytes = None
-            with self._lock:
-                known = self._dlists.get(id(side))
-            if known is not None and indices is not None:
-                lens = known[1]
-                nbytes = sum(lens[int(i)] for i in indices)
-            self._remember(instance, handle, op, nbytes, ndesc, None)
-        except Exception:
-            logger.debug("railtrace: make_prepped_xfer", exc_info=True)
-        return handle
-
-    def _remember(self, agent: Any, handle: Any, op: str, nbytes: Any, ndesc: Any, remote: Any) -> None:
-        p = _Pending(handle, str(getattr(agent, "name", "")), _op(op), nbytes, ndesc, _str(remote))
-        self._pending[id(handle)] = p  # dict assignment is atomic under the GIL
-
-    def _w_transfer(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        start = time.time_ns()
-        state = wrapped(*args, **kwargs)
-        try:
-            handle = kwargs.get("handle", args[0] if args else None)
-            p = self._pending.get(id(handle))
-            if p is None:
-                p = _Pending(handle, str(getattr(instance, "name", "")), "", None, None, None)
-                self._pending[id(handle)] = p
-            if p.posted_ns is not None:  # re-post of the same handle: the previous transfer is over
-                self._finish(instance, p, None)
-            scope = _SCOPE.get()
-            p.scope = scope
-            p.parent = (
-                scope.parent if scope is not None and scope.parent is not None else otel_context.get_current()
-            )
-            p.posted_ns = start
-            if state in ("DONE", "ERR"):  # small transfers can complete inside the post
-                self._finish(instance, p, state)
-        except Exception:
-            logger.debug("railtrace: transfer", exc_info=True)
-        return state
-
-    def _w_check_xfer_state(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        state = wrapped(*args, **kwargs)
-        if state == "DONE" or state == "ERR":
+    # -- patches (run on the host's threads: keep them short) ---------------------------
+    def _make_init(self, original: Any) -> Any:
+        def __init__(agent: Any, *args: Any, **kwargs: Any) -> None:
+            original(agent, *args, **kwargs)
             try:
-                handle = kwargs.get("handle", args[0] if args else None)
-                p = self._pending.get(id(handle))
-                if p is not None and p.posted_ns is not None:
-                    self._finish(instance, p, state)
+                conf = kwargs.get("nixl_conf", args[1] if len(args) > 1 else None)
+                env = os.environ.get("NIXL_TELEMETRY_ENABLE", "").lower()
+                if (conf is not None and getattr(conf, "capture_telemetry", False)) or env in (
+                    "y",
+                    "yes",
+                    "1",
+                    "true",
+                    "on",
+                ):
+                    self._telemetry_agents.add(id(agent))
             except Exception:
-                logger.debug("railtrace: check_xfer_state", exc_info=True)
-        return state
+                pass
 
-    def _w_release_xfer_handle(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        try:
-            handle = kwargs.get("handle", args[0] if args else None)
-            with self._lock:
-                p = self._pending.pop(id(handle), None)
-            if p is not None and p.posted_ns is not None:
-                self._finish(instance, p, "RELEASED")
-        except Exception:
-            logger.debug("railtrace: release_xfer_handle", exc_info=True)
-        return wrapped(*args, **kwargs)
+        return __init__
+
+    def _make_prep_xfer_dlist(self, original: Any) -> Any:
+        def prep_xfer_dlist(agent: Any, *args: Any, **kwargs: Any) -> Any:
+            handle = original(agent, *args, **kwargs)
+            try:
+                lens = _lengths(kwargs.get("xfer_list", args[1] if len(args) > 1 else None))
+                if lens is not None:
+                    self._dlists[id(handle)] = (handle, lens)
+            except Exception:
+                pass
+            return handle
+
+        return prep_xfer_dlist
+
+    def _make_initialize_xfer(self, original: Any) -> Any:
+        pending = self._pending
+
+        def initialize_xfer(agent: Any, *args: Any, **kwargs: Any) -> Any:
+            handle = original(agent, *args, **kwargs)
+            try:
+                if kwargs:
+                    op = kwargs.get("operation", args[0] if args else "")
+                    local = kwargs.get("local_descs", args[1] if len(args) > 1 else None)
+                    remote = kwargs.get("remote_agent", args[3] if len(args) > 3 else None)
+                else:
+                    n = len(args)
+                    op = args[0] if n else ""
+                    local = args[1] if n > 1 else None
+                    remote = args[3] if n > 3 else None
+                p = _Pending(handle, getattr(agent, "name", ""), op, None, None, remote)
+                p.descs = local  # summed off the transfer's thread
+                pending[id(handle)] = p  # dict assignment is atomic under the GIL
+            except Exception:
+                logger.debug("railtrace: initialize_xfer", exc_info=True)
+            return handle
+
+        return initialize_xfer
+
+    def _make_make_prepped_xfer(self, original: Any) -> Any:
+        def make_prepped_xfer(agent: Any, *args: Any, **kwargs: Any) -> Any:
+            handle = original(agent, *args, **kwargs)
+            try:
+                op = kwargs.get("operation", args[0] if args else "")
+                side = kwargs.get("local_xfer_side", args[1] if len(args) > 1 else None)
+                indices = kwargs.get("local_indices", args[2] if len(args) > 2 else None)
+                ndesc = len(indices) if indices is not None else None
+                nbytes = None
+                known = self._dlists.get(id(side))
+                if known is not None and indices is not None:
+                    lens = known[1]
+                    nbytes = sum(lens[int(i)] for i in indices)
+                self._pending[id(handle)] = _Pending(
+                    handle, getattr(agent, "name", ""), op, nbytes, ndesc, None
+                )
+            except Exception:
+                logger.debug("railtrace: make_prepped_xfer", exc_info=True)
+            return handle
+
+        return make_prepped_xfer
+
+    def _make_transfer(self, original: Any) -> Any:
+        pending = self._pending
+        scope_var = _SCOPE
+
+        def transfer(agent: Any, *args: Any, **kwargs: Any) -> Any:
+            start = _time_ns()
+            state = original(agent, *args, **kwargs)
+            try:
+                handle = args[0] if args else kwargs.get("handle")
+                p = pending.get(id(handle))
+                if p is None:
+                    p = _Pending(handle, getattr(agent, "name", ""), "", None, None, None)
+                    pending[id(handle)] = p
+                elif p.posted is not None:  # re-post of the same handle: the previous transfer is over
+                    self._finish(agent, p, None)
+                scope = scope_var.get()
+                parent = scope.parent if scope is not None else None
+                p.posted = (start, scope, parent if parent is not None else _get_current())
+                if state == "DONE" or state == "ERR":  # small transfers can complete inside the post
+                    self._finish(agent, p, state)
+            except Exception:
+                logger.debug("railtrace: transfer", exc_info=True)
+            return state
+
+        return transfer
+
+    def _make_check_xfer_state(self, original: Any) -> Any:
+        pending = self._pending
+
+        def check_xfer_state(agent: Any, *args: Any, **kwargs: Any) -> Any:
+            state = original(agent, *args, **kwargs)
+            if state == "DONE" or state == "ERR":
+                try:
+                    p = pending.get(id(args[0] if args else kwargs.get("handle")))
+                    if p is not None and p.posted is not None:
+                        self._finish(agent, p, state)
+                except Exception:
+                    logger.debug("railtrace: check_xfer_state", exc_info=True)
+            return state
+
+        return check_xfer_state
+
+    def _make_release_xfer_handle(self, original: Any) -> Any:
+        pending = self._pending
+
+        def release_xfer_handle(agent: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                p = pending.pop(id(args[0] if args else kwargs.get("handle")), None)
+                if p is not None and p.posted is not None:
+                    self._finish(agent, p, "RELEASED")
+            except Exception:
+                logger.debug("railtrace: release_xfer_handle", exc_info=True)
+            return original(agent, *args, **kwargs)
+
+        return release_xfer_handle
 
     # -- completion -----------------------------------------------------------------------
     def _finish(self, agent: Any, p: _Pending, state: str | None) -> None:
         """Note completion on the transfer's thread; the span is built once, later, from a snapshot."""
-        if p.posted_ns is None:
+        end = _time_ns()
+        posted = p.posted
+        if posted is None:
             return
-        start, p.posted_ns = p.posted_ns, None
-        end = time.time_ns()
+        p.posted = None
         nbytes, ndesc, extra = p.bytes, p.descriptors, None
-        if id(agent) in self._telemetry_agents and state == "DONE":  # the handle must still be live
+        if state == "DONE" and id(agent) in self._telemetry_agents:  # the handle must still be live
             nbytes, ndesc, extra = self._telemetry(agent, p, nbytes, ndesc)
-        snap = (
-            p.scope,
-            p.parent,
-            start,
+        item = (
+            posted[1],
+            posted[2],
+            posted[0],
             end,
             state,
             p.agent,
@@ -320,47 +399,64 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             p.remote_agent,
             extra,
         )
-        item = (snap, time.monotonic() + self._grace_s)
         if self._async:
-            with self._lock:
-                self._deferred.append(item)
-                backlog = len(self._deferred)
+            queue = self._queue
+            queue.append(item)
             if self._worker is None:
                 self._ensure_worker()
-            if backlog >= 256:  # otherwise the emitter wakes on its own timer, batching
+            elif len(queue) >= 256:  # otherwise the emitter wakes on its own timer, batching
                 self._wake.set()
             return
-        ev = self.capture.evidence(p.agent or None, p.operation or None)
-        if ev is None and self.capture.configured and self._grace_s > 0:
+        agent_name, op = _name(p.agent), _op(p.operation)
+        ev = self.capture.evidence(agent_name or None, op or None)
+        if ev is None and self.capture.configured and self._grace_ns > 0:
             # UCX may not have flushed the table yet: emit later, with the real end time.
-            with self._lock:
-                self._deferred.append(item)
+            self._queue.append(item)
             self._ensure_worker()
             return
-        self._emit(snap, ev)
+        self._emit(item, ev)
 
-    def _emit(self, snap: tuple[Any, ...], ev: Any) -> None:
+    def _emit(self, snap: tuple[Any, ...], ev: Any, tracer: Any = None) -> None:
         scope, parent, start, end, state, _agent, op, nbytes, ndesc, descs, remote_agent, extra = snap
         if nbytes is None and descs is not None:
             nbytes, ndesc = descriptor_bytes(descs)
-        error = {"ERR": "nixl_xfer_err", "RELEASED": "released_before_done"}.get(state or "")
-        attrs = {**(scope.attributes if scope else {}), **(extra or {})}
-        emit_kv_transfer(
-            tracer_provider=self._tracer_provider,
-            operation=op or "unknown",
-            request_id=scope.request_id if scope else None,
-            bytes=nbytes,
-            descriptors=ndesc,
-            local_gpu=scope.local_gpu if scope else None,
-            remote_host=scope.remote_host if scope else None,
-            remote_engine_id=(scope.remote_engine_id if scope else None) or remote_agent,
-            parent=parent,
-            start_time_ns=start,
-            end_time_ns=end,
-            error_type=error,
-            evidence=ev,
-            attributes=attrs or None,
+        op = _op(op) or "unknown"
+        attrs: dict[str, Any] = {
+            sc.KV_OPERATION: op,
+            sc.KV_CONNECTOR: "nixl",
+            sc.KV_BACKEND: "UCX",
+        }
+        if nbytes is not None:
+            attrs[sc.KV_BYTES] = int(nbytes)
+        if ndesc is not None:
+            attrs[sc.KV_DESCRIPTORS] = int(ndesc)
+        engine = _str(remote_agent)
+        if scope is not None:
+            if scope.request_id:
+                attrs[sc.KV_REQUEST_ID] = scope.request_id
+            if scope.local_gpu is not None and scope.local_gpu != "":
+                attrs[sc.KV_LOCAL_GPU] = str(scope.local_gpu)
+            if scope.remote_host:
+                attrs[sc.KV_REMOTE_HOST] = scope.remote_host
+            engine = scope.remote_engine_id or engine
+        if engine is not None and engine != "":
+            attrs[sc.KV_REMOTE_ENGINE_ID] = str(engine)
+        attrs.update(cached_evidence_attributes(ev))
+        if scope is not None and scope.attributes:
+            attrs.update(scope.attributes)
+        if extra:
+            attrs.update(extra)
+        error = _ERRORS.get(state or "")
+        if error:
+            attrs[sc.ERROR_TYPE] = error
+        if tracer is None:
+            tracer = get_tracer(TRACER_NAME, self._tracer_provider)
+        span = tracer.start_span(
+            sc.SPAN_KV_TRANSFER, context=parent, kind=SpanKind.INTERNAL, attributes=attrs, start_time=start
         )
+        if error:
+            span.set_status(Status(StatusCode.ERROR, error))
+        span.end(end_time=end)
 
     def _ensure_worker(self) -> None:
         if self._worker is None or not self._worker.is_alive():
@@ -382,42 +478,51 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
     def flush_deferred(self, final: bool = True) -> int:
         """Emit pending spans whose evidence has arrived (all of them when `final`, or whose grace
         has passed); returns how many are still waiting."""
-        with self._lock:
-            items, self._deferred = self._deferred, []
-            self._inflight += len(items)
-        keep = []
-        now = time.monotonic()
-        if items and self.capture.configured:
-            self.capture.poll()  # once per batch
-        for item in items:
-            snap, deadline = item
-            try:
-                ev = (
-                    self.capture.evidence(snap[5] or None, snap[6] or None, poll=False)
-                    if self.capture.configured
-                    else None
-                )
-                if ev is not None or final or now >= deadline or not self.capture.configured:
-                    self._emit(snap, ev)
-                else:
-                    keep.append(item)
-            except Exception:
-                logger.debug("railtrace: kv span dropped", exc_info=True)
-        with self._lock:
-            self._deferred.extend(keep)
-            self._inflight -= len(items)
-            return len(self._deferred)
+        with self._flush_lock:
+            queue = self._queue
+            items = self._waiting
+            self._waiting = []
+            while queue:
+                items.append(queue.popleft())
+            if not items:
+                return len(queue)
+            configured = self.capture.configured
+            if configured:
+                self.capture.poll()  # once per batch
+            now = _time_ns()
+            tracer = get_tracer(TRACER_NAME, self._tracer_provider)
+            keep = []
+            evidence: dict[tuple[Any, Any], Any] = {}
+            for item in items:
+                try:
+                    ev = None
+                    if configured:
+                        key = (item[5], item[6])
+                        if key in evidence:
+                            ev = evidence[key]
+                        else:
+                            ev = evidence[key] = self.capture.evidence(
+                                _name(item[5]) or None, _op(item[6]) or None, poll=False
+                            )
+                    if ev is not None or final or not configured or now >= item[3] + self._grace_ns:
+                        self._emit(item, ev, tracer)
+                        time.sleep(0)  # hand the GIL to a transfer's thread that may be waiting
+                    else:
+                        keep.append(item)
+                except Exception:
+                    logger.debug("railtrace: kv span dropped", exc_info=True)
+            self._waiting = keep
+            return len(keep) + len(queue)
 
     def force_flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every finished transfer's span is emitted (evidence or grace); True if all were."""
         deadline = time.monotonic() + timeout_s
         self._wake.set()
         while time.monotonic() < deadline:
-            if self.flush_deferred(final=False) == 0 and self._inflight == 0:
+            if self.flush_deferred(final=False) == 0:
                 return True
             time.sleep(0.01)
-        self.flush_deferred(final=True)
-        return self._inflight == 0
+        return self.flush_deferred(final=True) == 0
 
     def _telemetry(self, agent: Any, p: _Pending, nbytes: Any, ndesc: Any) -> tuple[Any, Any, dict[str, Any]]:
         """NIXL's own numbers when telemetry is on (bytes, descriptors, post and transfer time)."""
@@ -435,6 +540,10 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         except Exception:
             logger.debug("railtrace: no NIXL telemetry", exc_info=True)
         return nbytes, ndesc, extra
+
+
+def _name(agent: Any) -> str:
+    return "" if agent is None else str(agent)
 
 
 def _op(op: Any) -> str:

@@ -49,6 +49,25 @@ def evidence_attributes(evidence: Evidence | None) -> dict[str, Any]:
     return attrs
 
 
+_UNKNOWN_ATTRS: Mapping[str, Any] = {sc.KV_TRANSPORT: sc.Transport.UNKNOWN.value}
+_EV_ATTRS: dict[int, tuple[Evidence, dict[str, Any]]] = {}
+
+
+def cached_evidence_attributes(evidence: Evidence | None) -> Mapping[str, Any]:
+    """`evidence_attributes`, built once per evidence object (the UCX capture and the parsed-log
+    cache hand out the same object for every transfer of an endpoint). Read only: copy to change."""
+    if evidence is None:
+        return _UNKNOWN_ATTRS
+    hit = _EV_ATTRS.get(id(evidence))
+    if hit is not None and hit[0] is evidence:
+        return hit[1]
+    attrs = evidence_attributes(evidence)
+    if len(_EV_ATTRS) > 512:
+        _EV_ATTRS.clear()
+    _EV_ATTRS[id(evidence)] = (evidence, attrs)
+    return attrs
+
+
 def kv_attributes(
     *,
     request_id: str | None = None,
@@ -62,18 +81,26 @@ def kv_attributes(
     remote_engine_id: str | None = None,
 ) -> dict[str, Any]:
     """The contract attributes that are known, typed as the registry says."""
-    pairs = (
-        (sc.KV_REQUEST_ID, request_id),
-        (sc.KV_OPERATION, operation.lower() if operation else None),
-        (sc.KV_CONNECTOR, connector),
-        (sc.KV_BACKEND, backend),
-        (sc.KV_BYTES, int(bytes) if bytes is not None else None),
-        (sc.KV_DESCRIPTORS, int(descriptors) if descriptors is not None else None),
-        (sc.KV_LOCAL_GPU, None if local_gpu is None else str(local_gpu)),
-        (sc.KV_REMOTE_HOST, remote_host),
-        (sc.KV_REMOTE_ENGINE_ID, None if remote_engine_id is None else str(remote_engine_id)),
-    )
-    return {k: v for k, v in pairs if v is not None and v != ""}
+    attrs: dict[str, Any] = {}
+    if request_id is not None and request_id != "":
+        attrs[sc.KV_REQUEST_ID] = request_id
+    if operation:
+        attrs[sc.KV_OPERATION] = operation.lower()
+    if connector is not None and connector != "":
+        attrs[sc.KV_CONNECTOR] = connector
+    if backend is not None and backend != "":
+        attrs[sc.KV_BACKEND] = backend
+    if bytes is not None:
+        attrs[sc.KV_BYTES] = int(bytes)
+    if descriptors is not None:
+        attrs[sc.KV_DESCRIPTORS] = int(descriptors)
+    if local_gpu is not None and local_gpu != "":
+        attrs[sc.KV_LOCAL_GPU] = str(local_gpu)
+    if remote_host is not None and remote_host != "":
+        attrs[sc.KV_REMOTE_HOST] = remote_host
+    if remote_engine_id is not None and remote_engine_id != "":
+        attrs[sc.KV_REMOTE_ENGINE_ID] = str(remote_engine_id)
+    return attrs
 
 
 @dataclass
@@ -122,8 +149,10 @@ def _parent(
 ) -> otel_context.Context | None:
     if parent is not None:
         return parent
+    if not trace_headers and not kv_transfer_params:
+        return None
     for carrier in (trace_headers, kv_transfer_params, (kv_transfer_params or {}).get("trace_headers")):
-        if isinstance(carrier, Mapping):
+        if carrier and isinstance(carrier, Mapping):
             ctx = extract_context(carrier)
             if ctx is not None:
                 return ctx
@@ -152,7 +181,9 @@ def start_kv_transfer(
     """Open a `llm_d.kv_transfer` span; end it with `.end()`. Parent: explicit `parent`, else the
     W3C context in `trace_headers` / `kv_transfer_params`, else the current context."""
     try:
-        params = kv_transfer_params or {}
+        if kv_transfer_params:
+            remote_host = remote_host or kv_transfer_params.get("remote_host")
+            remote_engine_id = remote_engine_id or kv_transfer_params.get("remote_engine_id")
         attrs = kv_attributes(
             request_id=request_id,
             operation=operation,
@@ -161,10 +192,10 @@ def start_kv_transfer(
             bytes=bytes,
             descriptors=descriptors,
             local_gpu=local_gpu,
-            remote_host=remote_host or params.get("remote_host"),
-            remote_engine_id=remote_engine_id or params.get("remote_engine_id"),
+            remote_host=remote_host,
+            remote_engine_id=remote_engine_id,
         )
-        attrs.update(evidence_attributes(evidence))
+        attrs.update(cached_evidence_attributes(evidence))
         if attributes:
             attrs.update(attributes)
         tracer = get_tracer(TRACER_NAME, tracer_provider)
@@ -175,7 +206,7 @@ def start_kv_transfer(
             attributes=attrs,
             start_time=start_time_ns,
         )
-        return KVTransferRecord(span, dict(attrs))
+        return KVTransferRecord(span, attrs)  # the SDK copied what it keeps
     except Exception:
         logger.debug("railtrace: cannot start kv_transfer span", exc_info=True)
         return KVTransferRecord(None)
