@@ -17,7 +17,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from railtrace_tracing import semconv as sc
-from railtrace_tracing._common import extract_context, get_tracer, inject_context, logger
+from railtrace_tracing._common import extract_context, get_tracer, inject_context, inject_span, logger
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -27,6 +27,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 TRACER_NAME = "railtrace_tracing.gateway"
 DEFAULT_EXCLUDED = ("/healthz", "/readyz", "/livez", "/metrics")
 _TRACE_HEADERS = {b"traceparent", b"tracestate"}
+_READ_HEADERS = {b"traceparent", b"tracestate", b"user-agent", b"x-request-id"}
 
 
 class RailtraceASGIMiddleware:
@@ -57,19 +58,20 @@ class RailtraceASGIMiddleware:
             await self.app(scope, receive, send)
             return
         span, token, scope = started
-        status_holder: dict[str, int] = {}
+        status: int | None = None
 
         async def send_wrapper(message: MutableMapping[str, Any]) -> None:
+            nonlocal status
             if message.get("type") == "http.response.start":
-                status_holder["status"] = int(message.get("status", 0))
+                status = int(message.get("status", 0))
             await send(message)
 
         try:
             await self.app(scope, receive, send_wrapper)
         except BaseException as exc:
-            self._end(span, token, status_holder.get("status"), exc)
+            self._end(span, token, status, exc)
             raise
-        self._end(span, token, status_holder.get("status"), None)
+        self._end(span, token, status, None)
 
     def _start(self, scope: Scope) -> tuple[trace.Span, object, Scope] | None:
         try:
@@ -77,8 +79,10 @@ class RailtraceASGIMiddleware:
             if path in self.excluded:
                 return None
             headers: dict[str, str] = {}
-            for k, v in scope.get("headers") or ():
-                headers[k.decode("latin-1").lower()] = v.decode("latin-1")
+            for k, v in scope.get("headers") or ():  # decode only the headers the span uses
+                k = k.lower()
+                if k in _READ_HEADERS:
+                    headers[k.decode("latin-1")] = v.decode("latin-1")
             parent = extract_context(headers)
             attrs: dict[str, Any] = {
                 sc.HTTP_REQUEST_METHOD: scope.get("method", ""),
@@ -112,7 +116,7 @@ class RailtraceASGIMiddleware:
             token = otel_context.attach(trace.set_span_in_context(span, parent))
             carrier: dict[str, str] = {}
             if self.rewrite:
-                inject_context(carrier)
+                inject_span(carrier, span)
             if carrier:  # nothing to inject (non-recording span): keep the caller's headers
                 new_headers = [
                     (k, v) for k, v in scope.get("headers") or () if k.lower() not in _TRACE_HEADERS
@@ -128,15 +132,17 @@ class RailtraceASGIMiddleware:
     @staticmethod
     def _end(span: trace.Span, token: object, status: int | None, exc: BaseException | None) -> None:
         try:
-            if status is not None:
-                span.set_attribute(sc.HTTP_RESPONSE_STATUS, status)
             if exc is not None:
                 span.record_exception(exc)
+                if status is not None:
+                    span.set_attribute(sc.HTTP_RESPONSE_STATUS, status)
                 span.set_attribute(sc.ERROR_TYPE, type(exc).__qualname__)
                 span.set_status(Status(StatusCode.ERROR, str(exc) or type(exc).__qualname__))
             elif status is not None and status >= 500:
-                span.set_attribute(sc.ERROR_TYPE, str(status))
+                span.set_attributes({sc.HTTP_RESPONSE_STATUS: status, sc.ERROR_TYPE: str(status)})
                 span.set_status(Status(StatusCode.ERROR))
+            elif status is not None:
+                span.set_attribute(sc.HTTP_RESPONSE_STATUS, status)
             span.end()
         except Exception:
             logger.debug("railtrace gateway: span not ended", exc_info=True)

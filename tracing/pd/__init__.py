@@ -22,7 +22,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from railtrace_tracing import semconv as sc
-from railtrace_tracing._common import extract_context, get_tracer, inject_context, logger
+from railtrace_tracing._common import extract_context, get_tracer, inject_span, logger
 
 TRACER_NAME = "railtrace_tracing.pd"
 
@@ -45,7 +45,7 @@ def _start(
             name,
             context=parent,
             kind=kind,
-            attributes=dict(attrs),
+            attributes=attrs,  # the SDK copies it
             start_time=start_ns if start_ns is not None else time.time_ns(),
         )
     except Exception:
@@ -63,7 +63,7 @@ def _end(
         return
     with contextlib.suppress(Exception):
         if attrs:
-            span.set_attributes(dict(attrs))
+            span.set_attributes(attrs)
         if error is not None:
             span.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
             span.set_status(Status(StatusCode.ERROR, str(error) or type(error).__qualname__))
@@ -89,7 +89,7 @@ class Leg:
         """`traceparent`/`tracestate` of this leg and `x-request-id`, for the HTTP call to the engine."""
         out: MutableMapping[str, str] = {} if extra is None else extra
         with contextlib.suppress(Exception):
-            inject_context(out, _ctx_of(self.span))  # type: ignore[arg-type]
+            inject_span(out, self.span)
             out["x-request-id"] = self.request_id
         return out
 
@@ -98,9 +98,7 @@ class Leg:
         decode engine parents its `llm_d.kv_transfer` span on this request's trace."""
         out = dict(params or {})
         with contextlib.suppress(Exception):
-            carrier: dict[str, str] = {}
-            inject_context(carrier, _ctx_of(self.span))
-            out[sc.KV_PARAM_TRACE_HEADERS] = carrier
+            out[sc.KV_PARAM_TRACE_HEADERS] = inject_span({}, self.span)
         return out
 
 
@@ -214,7 +212,7 @@ class ProxyRequest:
     def _set_forward(self, attrs: Mapping[str, Any]) -> None:
         if self.forward is not None:
             with contextlib.suppress(Exception):
-                self.forward.set_attributes(dict(attrs))
+                self.forward.set_attributes(attrs)
 
 
 class PDProxyRecorder:

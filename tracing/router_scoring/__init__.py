@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,15 +48,32 @@ def candidate_attributes(candidates: Sequence[Candidate], chosen: str | None = N
     attrs: dict[str, Any] = {
         sc.ROUTER_CANDIDATE_ENDPOINTS: [c.endpoint for c in candidates],
         sc.ROUTER_CANDIDATE_SCORES: [float(c.score) for c in candidates],
-        sc.ROUTER_CANDIDATE_SCORER_SCORES: [
-            json.dumps(c.scorer_scores, sort_keys=True, separators=(",", ":")) for c in candidates
-        ],
+        sc.ROUTER_CANDIDATE_SCORER_SCORES: [_scores_json(c.scorer_scores) for c in candidates],
         sc.ROUTER_CANDIDATE_TOPOLOGY: [c.topology for c in candidates],
         sc.ROUTER_CANDIDATE_PODS: [c.pod for c in candidates],
     }
     if chosen is not None:
         attrs[sc.ROUTER_CHOSEN] = chosen
     return attrs
+
+
+def _scores_json(scores: Mapping[str, float]) -> str:
+    """`json.dumps(scores, sort_keys=True, separators=(",", ":"))`, written directly for the usual
+    plain-name, finite-float case (a third of the cost); anything else goes through json."""
+    try:
+        parts = []
+        for k in sorted(scores):
+            v = scores[k]
+            if type(v) is not float or not _PLAIN_KEY(k) or v != v or v in (_INF, -_INF):
+                return json.dumps(scores, sort_keys=True, separators=(",", ":"))
+            parts.append(f'"{k}":{v!r}')
+        return "{" + ",".join(parts) + "}"
+    except TypeError:
+        return json.dumps(scores, sort_keys=True, separators=(",", ":"))
+
+
+_INF = float("inf")
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_.:/ -]*").fullmatch
 
 
 class ProfileRun:
@@ -74,9 +92,17 @@ class ProfileRun:
         self._req = request_attrs
         self._scoring: trace.Span | None = None
         self._scorers = 0
+        self._contexts: list[tuple[trace.Span, otel_context.Context]] = []
 
     def _ctx(self, span: trace.Span | None) -> otel_context.Context | None:
-        return trace.set_span_in_context(span) if span is not None else None
+        if span is None:
+            return None
+        for known, ctx in self._contexts:  # the profile and scoring spans parent several children
+            if known is span:
+                return ctx
+        ctx = trace.set_span_in_context(span)
+        self._contexts.append((span, ctx))
+        return ctx
 
     def _emit(
         self,
