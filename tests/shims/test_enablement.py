@@ -91,10 +91,15 @@ def test_nixl_wrapper_failure_does_not_reach_the_caller(monkeypatch) -> None:
 
     inst = mod.NixlKVTransferInstrumentor()
 
-    def boom(*a: object, **k: object) -> None:
-        raise RuntimeError("shim bug")
+    class Broken(dict):  # the bookkeeping of every patch fails
+        def __setitem__(self, key: object, value: object) -> None:
+            raise RuntimeError("shim bug")
 
-    monkeypatch.setattr(mod, "_Pending", boom)  # the bookkeeping of every patch fails
+        def __contains__(self, key: object) -> bool:
+            raise RuntimeError("shim bug")
+
+    monkeypatch.setattr(inst, "_handles", Broken())
+    monkeypatch.setattr(inst, "_inflight", Broken())
 
     class Agent:
         name = "a"

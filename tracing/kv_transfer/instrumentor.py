@@ -128,20 +128,12 @@ def _str(v: Any) -> str | None:
     return None if v is None or v == "" else str(v)
 
 
-class _Pending:
-    """What one handle will move, noted on the caller's thread; converted on the emitter's."""
-
-    __slots__ = ("agent", "bytes", "descriptors", "descs", "handle", "operation", "posted", "remote_agent")
-
-    def __init__(self, handle: Any, agent: Any, operation: Any, nbytes: Any, ndesc: Any, remote: Any) -> None:
-        self.handle = handle
-        self.agent = agent  # the agent's name, as NIXL gave it
-        self.operation = operation  # as the caller passed it ("READ")
-        self.bytes = nbytes
-        self.descriptors = ndesc
-        self.remote_agent = remote
-        self.descs: Any = None  # descriptor list whose lengths give bytes/descriptors
-        self.posted: tuple[int, Any, Any] | None = None  # (post time, scope, parent) while in flight
+# What a handle will move, noted at initialize_xfer / make_prepped_xfer (converted later, on the
+# emitter's thread): (handle, agent name, operation as passed, bytes, descriptors, remote agent,
+# descriptor list whose lengths give bytes and descriptors).
+_Handle = tuple[Any, Any, Any, Any, Any, Any, Any]
+# A posted transfer not finished yet: (post time, scope, parent context).
+_Posted = tuple[int, Any, Any]
 
 
 class NixlKVTransferInstrumentor(GatedInstrumentor):
@@ -163,7 +155,8 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         super().__init__()
         self.capture = UcxLogCapture()
         self._tracer_provider: Any = None
-        self._pending: dict[int, _Pending] = {}
+        self._handles: dict[int, _Handle] = {}
+        self._inflight: dict[int, _Posted] = {}
         self._dlists: dict[int, tuple[Any, list[int]]] = {}
         self._telemetry_agents: set[int] = set()
         self._lock = threading.Lock()
@@ -189,8 +182,10 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         self._grace_ns = int(float(kwargs.get("evidence_grace_s", 1.0)) * 1e9)
         self._async = bool(kwargs.get("background_emit", True))
         if kwargs.get("capture_ucx_log", True):
-            self.capture = UcxLogCapture(kwargs.get("ucx_log_path"))
-            self.capture.configure()
+            capture = UcxLogCapture(kwargs.get("ucx_log_path"))
+            capture.configure()
+            if not (self.capture.configured and capture.path_template == self.capture.path_template):
+                self.capture = capture  # same file as before: keep what was parsed of it
         for modname in NIXL_MODULES:
             self._patch_when_imported(modname)
         if kwargs.get("vllm_hook", True):
@@ -235,7 +230,8 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                 else:
                     delattr(cls, name)
         self._patched.clear()
-        self._pending.clear()  # transfers in flight at uninstrument() are not reported
+        self._handles.clear()
+        self._inflight.clear()  # transfers in flight at uninstrument() are not reported
         self._dlists.clear()
         self.flush_deferred(final=True)
 
@@ -273,7 +269,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         return prep_xfer_dlist
 
     def _make_initialize_xfer(self, original: Any) -> Any:
-        pending = self._pending
+        handles = self._handles
 
         def initialize_xfer(agent: Any, *args: Any, **kwargs: Any) -> Any:
             handle = original(agent, *args, **kwargs)
@@ -287,9 +283,8 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                     op = args[0] if n else ""
                     local = args[1] if n > 1 else None
                     remote = args[3] if n > 3 else None
-                p = _Pending(handle, getattr(agent, "name", ""), op, None, None, remote)
-                p.descs = local  # summed off the transfer's thread
-                pending[id(handle)] = p  # dict assignment is atomic under the GIL
+                # bytes are summed from `local` off the transfer's thread
+                handles[id(handle)] = (handle, getattr(agent, "name", ""), op, None, None, remote, local)
             except Exception:
                 logger.debug("railtrace: initialize_xfer", exc_info=True)
             return handle
@@ -309,9 +304,8 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                 if known is not None and indices is not None:
                     lens = known[1]
                     nbytes = sum(lens[int(i)] for i in indices)
-                self._pending[id(handle)] = _Pending(
-                    handle, getattr(agent, "name", ""), op, nbytes, ndesc, None
-                )
+                name = getattr(agent, "name", "")
+                self._handles[id(handle)] = (handle, name, op, nbytes, ndesc, None, None)
             except Exception:
                 logger.debug("railtrace: make_prepped_xfer", exc_info=True)
             return handle
@@ -319,25 +313,23 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         return make_prepped_xfer
 
     def _make_transfer(self, original: Any) -> Any:
-        pending = self._pending
+        inflight = self._inflight
         scope_var = _SCOPE
 
         def transfer(agent: Any, *args: Any, **kwargs: Any) -> Any:
             start = _time_ns()
             state = original(agent, *args, **kwargs)
             try:
-                handle = args[0] if args else kwargs.get("handle")
-                p = pending.get(id(handle))
-                if p is None:
-                    p = _Pending(handle, getattr(agent, "name", ""), "", None, None, None)
-                    pending[id(handle)] = p
-                elif p.posted is not None:  # re-post of the same handle: the previous transfer is over
-                    self._finish(agent, p, None)
+                key = id(args[0] if args else kwargs.get("handle"))
+                if key in inflight:  # re-post of the same handle: the previous transfer is over
+                    self._finish(agent, key, inflight.pop(key), None)
                 scope = scope_var.get()
                 parent = scope.parent if scope is not None else None
-                p.posted = (start, scope, parent if parent is not None else _get_current())
+                posted = (start, scope, parent if parent is not None else _get_current())
                 if state == "DONE" or state == "ERR":  # small transfers can complete inside the post
-                    self._finish(agent, p, state)
+                    self._finish(agent, key, posted, state)
+                else:
+                    inflight[key] = posted
             except Exception:
                 logger.debug("railtrace: transfer", exc_info=True)
             return state
@@ -345,15 +337,16 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         return transfer
 
     def _make_check_xfer_state(self, original: Any) -> Any:
-        pending = self._pending
+        inflight = self._inflight
 
         def check_xfer_state(agent: Any, *args: Any, **kwargs: Any) -> Any:
             state = original(agent, *args, **kwargs)
             if state == "DONE" or state == "ERR":
                 try:
-                    p = pending.get(id(args[0] if args else kwargs.get("handle")))
-                    if p is not None and p.posted is not None:
-                        self._finish(agent, p, state)
+                    key = id(args[0] if args else kwargs.get("handle"))
+                    posted = inflight.pop(key, None)
+                    if posted is not None:
+                        self._finish(agent, key, posted, state)
                 except Exception:
                     logger.debug("railtrace: check_xfer_state", exc_info=True)
             return state
@@ -361,13 +354,15 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         return check_xfer_state
 
     def _make_release_xfer_handle(self, original: Any) -> Any:
-        pending = self._pending
+        inflight, handles = self._inflight, self._handles
 
         def release_xfer_handle(agent: Any, *args: Any, **kwargs: Any) -> Any:
             try:
-                p = pending.pop(id(args[0] if args else kwargs.get("handle")), None)
-                if p is not None and p.posted is not None:
-                    self._finish(agent, p, "RELEASED")
+                key = id(args[0] if args else kwargs.get("handle"))
+                posted = inflight.pop(key, None)
+                if posted is not None:
+                    self._finish(agent, key, posted, "RELEASED")
+                handles.pop(key, None)
             except Exception:
                 logger.debug("railtrace: release_xfer_handle", exc_info=True)
             return original(agent, *args, **kwargs)
@@ -375,39 +370,23 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         return release_xfer_handle
 
     # -- completion -----------------------------------------------------------------------
-    def _finish(self, agent: Any, p: _Pending, state: str | None) -> None:
+    def _finish(self, agent: Any, key: int, posted: _Posted, state: str | None) -> None:
         """Note completion on the transfer's thread; the span is built once, later, from a snapshot."""
         end = _time_ns()
-        posted = p.posted
-        if posted is None:
-            return
-        p.posted = None
-        nbytes, ndesc, extra = p.bytes, p.descriptors, None
+        info = self._handles.get(key)
+        extra = None
         if state == "DONE" and id(agent) in self._telemetry_agents:  # the handle must still be live
-            nbytes, ndesc, extra = self._telemetry(agent, p, nbytes, ndesc)
-        item = (
-            posted[1],
-            posted[2],
-            posted[0],
-            end,
-            state,
-            p.agent,
-            p.operation,
-            nbytes,
-            ndesc,
-            p.descs,
-            p.remote_agent,
-            extra,
-        )
+            info, extra = self._telemetry(agent, info)
+        item = (posted, end, state, info, extra, agent)
         if self._async:
             queue = self._queue
             queue.append(item)
             if self._worker is None:
                 self._ensure_worker()
-            elif len(queue) >= 256:  # otherwise the emitter wakes on its own timer, batching
+            elif len(queue) >= 256 and not self._wake.is_set():  # else it wakes on its timer, batching
                 self._wake.set()
             return
-        agent_name, op = _name(p.agent), _op(p.operation)
+        agent_name, op = _ident(item)
         ev = self.capture.evidence(agent_name or None, op or None)
         if ev is None and self.capture.configured and self._grace_ns > 0:
             # UCX may not have flushed the table yet: emit later, with the real end time.
@@ -416,8 +395,12 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             return
         self._emit(item, ev)
 
-    def _emit(self, snap: tuple[Any, ...], ev: Any, tracer: Any = None) -> None:
-        scope, parent, start, end, state, _agent, op, nbytes, ndesc, descs, remote_agent, extra = snap
+    def _emit(self, item: tuple[Any, ...], ev: Any, tracer: Any = None) -> None:
+        (start, scope, parent), end, state, info, extra, _agent = item
+        if info is None:
+            op = nbytes = ndesc = descs = remote_agent = None
+        else:
+            _, _, op, nbytes, ndesc, remote_agent, descs = info
         if nbytes is None and descs is not None:
             nbytes, ndesc = descriptor_bytes(descs)
         op = _op(op) or "unknown"
@@ -497,14 +480,13 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                 try:
                     ev = None
                     if configured:
-                        key = (item[5], item[6])
+                        key = _ident(item)
                         if key in evidence:
                             ev = evidence[key]
                         else:
-                            ev = evidence[key] = self.capture.evidence(
-                                _name(item[5]) or None, _op(item[6]) or None, poll=False
-                            )
-                    if ev is not None or final or not configured or now >= item[3] + self._grace_ns:
+                            ev = self.capture.evidence(key[0] or None, key[1] or None, poll=False)
+                            evidence[key] = ev
+                    if ev is not None or final or not configured or now >= item[1] + self._grace_ns:
                         self._emit(item, ev, tracer)
                         time.sleep(0)  # hand the GIL to a transfer's thread that may be waiting
                     else:
@@ -524,13 +506,16 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             time.sleep(0.01)
         return self.flush_deferred(final=True) == 0
 
-    def _telemetry(self, agent: Any, p: _Pending, nbytes: Any, ndesc: Any) -> tuple[Any, Any, dict[str, Any]]:
+    def _telemetry(self, agent: Any, info: _Handle | None) -> tuple[_Handle | None, dict[str, Any]]:
         """NIXL's own numbers when telemetry is on (bytes, descriptors, post and transfer time)."""
         extra: dict[str, Any] = {}
+        if info is None:
+            return info, extra
+        handle, name, op, nbytes, ndesc, remote, descs = info
         try:
-            tel = agent.get_xfer_telemetry(p.handle)
+            tel = agent.get_xfer_telemetry(handle)
             if getattr(tel, "totalBytes", None) is not None:
-                nbytes = int(tel.totalBytes)
+                nbytes, descs = int(tel.totalBytes), None
             if getattr(tel, "descCount", None) is not None:
                 ndesc = int(tel.descCount)
             if getattr(tel, "postDuration", None) is not None:
@@ -539,11 +524,15 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                 extra[sc.KV_XFER_DURATION_S] = float(tel.xferDuration) / 1e6
         except Exception:
             logger.debug("railtrace: no NIXL telemetry", exc_info=True)
-        return nbytes, ndesc, extra
+        return (handle, name, op, nbytes, ndesc, remote, descs), extra
 
 
-def _name(agent: Any) -> str:
-    return "" if agent is None else str(agent)
+def _ident(item: tuple[Any, ...]) -> tuple[str, str]:
+    """(agent name, operation) of a queued transfer: the key of its UCX evidence."""
+    info = item[3]
+    if info is None:
+        return str(getattr(item[5], "name", "")), ""
+    return str(info[1]), _op(info[2])
 
 
 def _op(op: Any) -> str:
