@@ -47,7 +47,6 @@ _METHODS = (
 )
 _PATCH_MARK = "__railtrace_original__"
 _time_ns = time.time_ns
-_get_current = otel_context.get_current
 _ERRORS = {"ERR": "nixl_xfer_err", "RELEASED": "released_before_done"}
 
 
@@ -315,6 +314,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
     def _make_transfer(self, original: Any) -> Any:
         inflight = self._inflight
         scope_var = _SCOPE
+        get_current = _context_getter()
 
         def transfer(agent: Any, *args: Any, **kwargs: Any) -> Any:
             start = _time_ns()
@@ -325,7 +325,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                     self._finish(agent, key, inflight.pop(key), None)
                 scope = scope_var.get()
                 parent = scope.parent if scope is not None else None
-                posted = (start, scope, parent if parent is not None else _get_current())
+                posted = (start, scope, parent if parent is not None else get_current())
                 if state == "DONE" or state == "ERR":  # small transfers can complete inside the post
                     self._finish(agent, key, posted, state)
                 else:
@@ -533,6 +533,20 @@ def _ident(item: tuple[Any, ...]) -> tuple[str, str]:
     if info is None:
         return str(getattr(item[5], "name", "")), ""
     return str(info[1]), _op(info[2])
+
+
+def _context_getter() -> Any:
+    """How the patches read the current context: straight from the SDK's ContextVar when that is
+    the runtime context in use (one C call instead of two Python frames), else the public API."""
+    try:
+        from opentelemetry.context import _RUNTIME_CONTEXT
+
+        var = getattr(_RUNTIME_CONTEXT, "_current_context", None)
+        if isinstance(var, contextvars.ContextVar) and isinstance(var.get(), otel_context.Context):
+            return var.get
+    except Exception:
+        pass
+    return otel_context.get_current
 
 
 def _op(op: Any) -> str:
