@@ -1,0 +1,164 @@
+"""The NIXL patches' bookkeeping, on a stand-in agent class (no NIXL needed): every path from post
+to span — completion inside the post, polling, error, release before done, prepped lists,
+NIXL telemetry, inline emission — and that uninstrument() puts the class back as it was."""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from railtrace_tracing import semconv as sc
+from railtrace_tracing.kv_transfer import instrumentor as mod
+from railtrace_tracing.kv_transfer import kv_transfer_scope
+
+MODULE = "railtrace_fake_nixl._api"
+
+
+class Telemetry:
+    totalBytes = 4096
+    descCount = 2
+    postDuration = 10.0
+    xferDuration = 250.0
+
+
+class FakeAgent:
+    """nixl_agent's method names and argument shapes; `script` gives the states to return."""
+
+    def __init__(self, name: str, nixl_conf: Any = None) -> None:
+        self.name = name
+        self.script: list[str] = ["DONE"]
+
+    def prep_xfer_dlist(self, agent_name: str, xfer_list: Any, mem_type: str = "DRAM") -> object:
+        return object()
+
+    def initialize_xfer(
+        self, operation: str, local_descs: Any, remote_descs: Any, remote_agent: str, notif=b""
+    ):
+        return object()
+
+    def make_prepped_xfer(self, operation: str, local_xfer_side: Any, local_indices: Any, *rest: Any):
+        return object()
+
+    def transfer(self, handle: Any, notif_msg: bytes = b"") -> str:
+        return self.script.pop(0)
+
+    def check_xfer_state(self, handle: Any) -> str:
+        return self.script.pop(0)
+
+    def release_xfer_handle(self, handle: Any) -> None:
+        return None
+
+    def get_xfer_telemetry(self, handle: Any) -> Telemetry:
+        return Telemetry()
+
+
+@pytest.fixture()
+def traced(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, InMemorySpanExporter, Any]]:
+    pkg = types.ModuleType("railtrace_fake_nixl")
+    api = types.ModuleType(MODULE)
+    cls = type("nixl_agent", (FakeAgent,), {})
+    api.nixl_agent = cls  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "railtrace_fake_nixl", pkg)
+    monkeypatch.setitem(sys.modules, MODULE, api)
+    monkeypatch.setattr(mod, "NIXL_MODULES", (MODULE,))
+    mem = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(mem))
+    inst = mod.NixlKVTransferInstrumentor()
+    inst.uninstrument()
+    monkeypatch.setattr(inst, "capture", mod.UcxLogCapture())  # no UCX log: transport unknown
+    yield inst, mem, (cls, tp)
+    inst.uninstrument()
+
+
+def _start(traced: Any, **kwargs: Any) -> tuple[Any, Any]:
+    inst, _mem, (cls, tp) = traced
+    inst.instrument(tracer_provider=tp, capture_ucx_log=False, vllm_hook=False, **kwargs)
+    return inst, cls
+
+
+def _spans(inst: Any, mem: InMemorySpanExporter) -> list[Any]:
+    assert inst.force_flush()
+    return [s for s in mem.get_finished_spans() if s.name == sc.SPAN_KV_TRANSFER]
+
+
+def test_done_in_post_and_after_polling(traced: Any) -> None:
+    inst, cls = _start(traced)
+    agent = cls("dec-0")
+    descs = [(0, 1 << 20, 0), (1 << 20, 1 << 20, 0)]
+    with kv_transfer_scope("req-1", remote_engine_id="pre-7", remote_host="10.0.0.7"):
+        h = agent.initialize_xfer("READ", descs, descs, "peer-agent")
+        assert agent.transfer(h) == "DONE"
+        agent.script = ["PROC", "PROC", "DONE"]
+        assert agent.transfer(h) == "PROC"
+        while agent.check_xfer_state(h) != "DONE":
+            pass
+        agent.release_xfer_handle(h)
+    spans = _spans(inst, traced[1])
+    assert len(spans) == 2
+    for span in spans:
+        a = span.attributes
+        assert a[sc.KV_OPERATION] == "read" and a[sc.KV_BYTES] == 2 << 20 and a[sc.KV_DESCRIPTORS] == 2
+        assert a[sc.KV_REQUEST_ID] == "req-1" and a[sc.KV_REMOTE_ENGINE_ID] == "pre-7"
+        assert a[sc.KV_REMOTE_HOST] == "10.0.0.7" and a[sc.KV_TRANSPORT] == "unknown"
+        assert span.start_time <= span.end_time and span.status.status_code != StatusCode.ERROR
+
+
+def test_error_release_before_done_and_unknown_handle(traced: Any) -> None:
+    inst, cls = _start(traced)
+    agent = cls("dec-0")
+    h = agent.initialize_xfer("WRITE", [(0, 10, 0)], [(0, 10, 0)], "peer")
+    agent.script = ["PROC", "ERR"]
+    agent.transfer(h)
+    agent.check_xfer_state(h)
+    h2 = agent.initialize_xfer("READ", [(0, 10, 0)], [(0, 10, 0)], "peer")
+    agent.script = ["PROC"]
+    agent.transfer(h2)
+    agent.release_xfer_handle(h2)
+    agent.script = ["DONE"]
+    agent.transfer(object())  # a handle the shim never saw prepared
+    by_error = {s.attributes.get(sc.ERROR_TYPE): s for s in _spans(inst, traced[1])}
+    assert set(by_error) == {"nixl_xfer_err", "released_before_done", None}
+    assert by_error["nixl_xfer_err"].status.status_code == StatusCode.ERROR
+    assert by_error["nixl_xfer_err"].attributes[sc.KV_REMOTE_ENGINE_ID] == "peer"
+    assert by_error[None].attributes[sc.KV_OPERATION] == "unknown"
+
+
+def test_prepped_lists_telemetry_and_inline(traced: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NIXL_TELEMETRY_ENABLE", "y")
+    _inst, cls = _start(traced, background_emit=False)
+    agent = cls("dec-0")
+    side = agent.prep_xfer_dlist("", [(0, 100, 0), (0, 200, 0), (0, 300, 0)])
+    h = agent.make_prepped_xfer("READ", side, [0, 2], None, None)
+    agent.transfer(h)
+    [span] = [s for s in traced[1].get_finished_spans() if s.name == sc.SPAN_KV_TRANSFER]  # emitted inline
+    a = span.attributes
+    assert a[sc.KV_BYTES] == 4096 and a[sc.KV_DESCRIPTORS] == 2  # NIXL's own numbers win
+    assert a[sc.KV_POST_DURATION_S] == pytest.approx(10e-6)
+    monkeypatch.delenv("NIXL_TELEMETRY_ENABLE")
+    agent2 = cls("dec-1")
+    h = agent2.make_prepped_xfer("READ", side, [0, 2], None, None)
+    agent2.transfer(h)
+    last = [s for s in traced[1].get_finished_spans() if s.name == sc.SPAN_KV_TRANSFER][-1]
+    assert last.attributes[sc.KV_BYTES] == 400 and last.attributes[sc.KV_DESCRIPTORS] == 2
+
+
+def test_uninstrument_restores_the_class(traced: Any) -> None:
+    inst, _mem, (cls, _tp) = traced
+    before = {name: cls.__dict__.get(name) for name in mod._METHODS}
+    _start(traced)
+    assert all(cls.__dict__.get(n) is not before[n] for n in mod._METHODS)
+    assert cls.transfer.__name__ == "transfer"
+    inst.uninstrument()
+    assert {name: cls.__dict__.get(name) for name in mod._METHODS} == before
+    agent = cls("x")
+    agent.transfer(agent.initialize_xfer("READ", [], [], "p"))
+    assert _spans(inst, traced[1]) == []
