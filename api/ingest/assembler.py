@@ -11,8 +11,11 @@ was being assembled stays dirty and is done again.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -74,6 +77,8 @@ class Assembler:
         self._last_gauge = 0.0
         self._last_retention = 0.0
         self.rounds = 0
+        # Who holds an assembly lease: unique per running assembler, readable by an operator.
+        self.owner = f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="railtrace-assembler", daemon=True)
@@ -125,13 +130,29 @@ class Assembler:
     def run_once(self, now_ns: int | None = None, limit: int = 500) -> int:
         """Assemble the traces that are ready, as one batch: a few queries and one transaction
         for up to `limit` traces. Returns how many were picked when the page was full (call
-        again), else 0."""
+        again), else 0.
+
+        Several replicas may share the database: this one first leases the ready traces
+        (`Store.claim_ready`), then the other traces of each request found through the
+        request keys -- wherever they were ingested. A request whose traces another replica
+        holds is left for later (its traces stay dirty); every lease is given up at the end.
+        """
         now = now_ns if now_ns is not None else time.time_ns()
         quiet_cutoff = now - int(self.settings.quiet_period_s * 1e9)
         wait_cutoff = now - int(self.settings.max_trace_wait_s * 1e9)
-        ready = self.store.dirty_traces(quiet_cutoff, wait_cutoff, limit)
+        ready = self.store.claim_ready(self.owner, quiet_cutoff, wait_cutoff, now, LEASE_NS, limit)
         if not ready:
             return 0
+        held = {t.trace_id for t in ready}
+        try:
+            self._assemble(ready, held, now, quiet_cutoff, wait_cutoff)
+        finally:
+            self.store.release(self.owner, held)
+        return len(ready) if len(ready) >= limit else 0
+
+    def _assemble(
+        self, ready: list[Any], held: set[str], now: int, quiet_cutoff: int, wait_cutoff: int
+    ) -> None:
         seen = {t.trace_id: t.last_arrival_ns for t in ready}
         late = {t.trace_id: t.late_spans for t in ready}
         spans = _by_trace(self.store.load_spans(seen, normalize=False))
@@ -139,13 +160,17 @@ class Assembler:
         groups = _stitch(seen, keys, self.store.traces_for_keys(set().union(*keys.values())))
         others = {t for g in groups for t in g} - seen.keys()
         states = self.store.trace_states(others)
-        todo: list[set[str]] = []
+        wanted: list[set[str]] = []
         for g in groups:
             outside = g - seen.keys()
             busy = any(t in states and states[t].last_arrival_ns > quiet_cutoff for t in outside)
             if busy and max(seen[t] for t in g if t in seen) > wait_cutoff:
                 continue  # a sibling hop is still arriving: assemble them together later
-            todo.append(g)
+            wanted.append(g)
+        extra = {t for g in wanted for t in g} - seen.keys()
+        if extra:  # siblings of these requests, wherever they were ingested: lease them too
+            held |= self.store.claim(self.owner, extra, now, LEASE_NS)
+        todo = [g for g in wanted if g <= held or not (g - held) & states.keys()]
         extra = {t for g in todo for t in g} - seen.keys()
         spans.update(_by_trace(self.store.load_spans(extra, normalize=False)))
         for t in extra:
@@ -167,7 +192,6 @@ class Assembler:
         superseded = set(old) - {s.trace_id for s in summaries}
         self.store.save_assembly(summaries, marks, superseded, now)
         self._count(summaries, old, marks, late, now)
-        return len(ready) if len(ready) >= limit else 0
 
     def _keys(self, spans: list[Span]) -> set[str]:
         keys: set[str] = set()
@@ -200,6 +224,9 @@ class Assembler:
 
 
 FULL_BATCH = 500
+# How long a claimed trace stays with its replica. Far longer than one round takes; a replica
+# that dies holding leases delays those requests by at most this much.
+LEASE_NS = 60 * 10**9
 BUSY_BATCH = 50
 MAX_KEY_FANOUT = 32  # a "key" shared by more traces than this is not one request's id
 

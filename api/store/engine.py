@@ -53,9 +53,21 @@ def alembic_config() -> Config:
     return cfg
 
 
+# Any fixed 64-bit number: the PostgreSQL advisory lock replicas take around migrations.
+MIGRATION_LOCK = 0x7261696C74726163  # "railtrac"
+
+
 def migrate(engine: Engine) -> None:
-    """Bring the schema to the newest revision (run at every start; idempotent)."""
+    """Bring the schema to the newest revision (run at every start; idempotent).
+
+    Replicas that start together on one PostgreSQL serialise here: the first takes a
+    transaction-scoped advisory lock and migrates; the others wait for its commit, then find
+    the schema at head and do nothing. (DDL is transactional in PostgreSQL, so a replica that
+    dies mid-migration leaves the previous revision, not half of the next.)
+    """
     cfg = alembic_config()
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")

@@ -72,6 +72,9 @@ traces = Table(
     Column("late_spans", Integer, nullable=False),  # spans that arrived after assembly
     Column("assembled_ns", BigInteger),
     Column("request_trace_id", String(32)),  # primary trace of the request it belongs to
+    # Assembly lease: the replica assembling this trace, and until when (see Store.claim_ready).
+    Column("claimed_by", String(64)),
+    Column("claimed_until_ns", BigInteger),
 )
 Index("ix_traces_dirty", traces.c.dirty, traces.c.last_arrival_ns)
 Index("ix_traces_last_arrival", traces.c.last_arrival_ns)
