@@ -162,3 +162,23 @@ def test_uninstrument_restores_the_class(traced: Any) -> None:
     agent = cls("x")
     agent.transfer(agent.initialize_xfer("READ", [], [], "p"))
     assert _spans(inst, traced[1]) == []
+
+
+def test_a_forked_child_starts_its_own_emitter(traced: Any) -> None:
+    import os
+
+    inst, cls = _start(traced)
+    agent = cls("dec-0")
+    agent.transfer(agent.initialize_xfer("READ", [(0, 8, 0)], [(0, 8, 0)], "p"))
+    assert inst.force_flush() and inst._worker is not None
+    pid = os.fork()
+    if pid == 0:  # child: a transfer must be emitted by a new emitter thread
+        try:
+            agent.script = ["DONE"]
+            agent.transfer(agent.initialize_xfer("READ", [(0, 8, 0)], [(0, 8, 0)], "p"))
+            ok = inst._worker is not None and inst._worker.is_alive() and inst.force_flush()
+            os._exit(0 if ok else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -170,6 +170,18 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         self._wake = threading.Event()
         self._grace_ns = 1_000_000_000
         self._async = True
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        """A forked child has no emitter thread and must not re-emit its parent's transfers."""
+        self._worker = None
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._queue.clear()
+        self._waiting = []
+        self._inflight.clear()
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return ()  # nixl ships as nixl, nixl-cu12 or nixl-cu13; checked at import time instead
