@@ -53,6 +53,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--quiet-period", type=float, help="seconds after a request's last span before assembly"
     )
     serve.add_argument("--retention-hours", type=float, help="delete requests older than this (0 keeps all)")
+    serve.add_argument(
+        "--ingest-token", help="bearer token OTLP exporters must send " + _env_default("ingest_token")
+    )
+    serve.add_argument("--api-token", help="bearer token for the query API " + _env_default("api_token"))
+    serve.add_argument(
+        "--tls-cert", metavar="PEM", help="TLS certificate for both listeners " + _env_default("tls_cert")
+    )
+    serve.add_argument("--tls-key", metavar="PEM", help="TLS private key " + _env_default("tls_key"))
+    serve.add_argument(
+        "--cors-origin", action="append", metavar="ORIGIN", help="allow CORS from ORIGIN (repeatable)"
+    )
 
     demo = sub.add_parser("demo", help="run a simulated P/D fleet with injected faults end to end")
     demo.add_argument("--requests", type=int, default=400, help="requests to simulate (default 400)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -36,8 +36,31 @@ class Settings(BaseSettings):
     score_tolerance: float = Field(0.05, description="Router scores this close count as comparable.")
     slow_fraction: float = Field(0.25, description="Below this share of expected bandwidth is slow.")
 
+    # Access (docs/reliability.md).
+    ingest_token: str | None = Field(None, description="Bearer token OTLP exporters must send; unset: open.")
+    api_token: str | None = Field(None, description="Bearer token for /api/...; unset: open.")
+    tls_cert: str | None = Field(None, description="PEM certificate (chain) for TLS on HTTP and gRPC.")
+    tls_key: str | None = Field(None, description="PEM private key of tls_cert.")
+    cors_origins: list[str] = Field(default_factory=list, description="CORS allow-list; empty: CORS off.")
+    max_connections: int = Field(1000, description="Open HTTP connections before new ones get 503.")
+    body_timeout_s: float = Field(30.0, description="An export's body must arrive within this, else 408.")
+
+    # Privacy.
+    drop_attributes: list[str] | None = Field(
+        None,
+        description="Attribute keys dropped at ingest (`prefix.*` matches by prefix); unset: prompt and "
+        "completion content (railtrace.server.security.DEFAULT_DROP_ATTRIBUTES). The registry's content "
+        "attributes are always dropped.",
+    )
+
     # Storage.
     retention_hours: float = Field(0.0, description="Delete requests older than this; 0 keeps all.")
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Settings:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("TLS needs both a certificate and its key (tls_cert and tls_key)")
+        return self
 
     @field_validator("db")
     @classmethod

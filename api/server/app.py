@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 
@@ -13,6 +14,7 @@ from railtrace.server import otlp_http
 from railtrace.server.routers import health
 from railtrace.server.routers import v1 as api_v1
 from railtrace.server.runtime import Runtime
+from railtrace.server.security import AccessMiddleware
 from railtrace.settings import Settings
 
 
@@ -46,6 +48,15 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         generate_unique_id_function=_operation_id,
     )
     app.state.runtime = rt
+    if settings.cors_origins:  # CORS is off unless origins are listed
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type", "content-encoding"],
+        )
+    if settings.ingest_token or settings.api_token:
+        app.add_middleware(AccessMiddleware, ingest_token=settings.ingest_token, api_token=settings.api_token)
     app.include_router(otlp_http.router)
     app.include_router(health.router)
     app.include_router(api_v1.router)

@@ -18,6 +18,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from railtrace.ingest import Overloaded, WriterUnavailable, prepare
 from railtrace.otlp import PayloadError
 from railtrace.server.runtime import Runtime
+from railtrace.server.security import TokenInterceptor, grpc_credentials
 
 SERVICE_NAME = "opentelemetry.proto.collector.trace.v1.TraceService"
 
@@ -33,7 +34,14 @@ class TraceService:
         detail = error_details_pb2.RetryInfo(retry_delay=Duration(seconds=self.rt.settings.retry_after_s))
         status = status_pb2.Status(code=rpc_code, message=message)
         status.details.add().Pack(detail)
-        context.set_trailing_metadata((("grpc-status-details-bin", status.SerializeToString()),))
+        # OTLP exporters read the delay from `google.rpc.retryinfo-bin` (the Python exporter
+        # reads nothing else); `grpc-status-details-bin` carries the same for rich-status clients.
+        context.set_trailing_metadata(
+            (
+                ("grpc-status-details-bin", status.SerializeToString()),
+                ("google.rpc.retryinfo-bin", detail.SerializeToString()),
+            )
+        )
         context.abort(code, message)
 
     def Export(self, request: bytes, context: Any) -> ExportTraceServiceResponse:
@@ -44,7 +52,7 @@ class TraceService:
                 context, grpc.StatusCode.RESOURCE_EXHAUSTED, code_pb2.RESOURCE_EXHAUSTED, "ingest is behind"
             )
         try:
-            batch = prepare(request)
+            batch = prepare(self.rt.content_filter.apply(request, "application/x-protobuf"))
         except PayloadError as exc:
             metrics.export_done("grpc", "invalid")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -71,9 +79,11 @@ class TraceService:
 def make_grpc_server(runtime: Runtime, host: str, port: int, workers: int = 16) -> tuple[grpc.Server, int]:
     """A started-ready (not started) gRPC server bound to host:port; returns it and the bound port."""
     limit = runtime.settings.max_body_bytes
+    settings = runtime.settings
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="railtrace-grpc"),
         options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
+        interceptors=[TokenInterceptor(settings.ingest_token)] if settings.ingest_token else None,
     )
     service = TraceService(runtime)
     export = grpc.unary_unary_rpc_method_handler(
@@ -82,7 +92,11 @@ def make_grpc_server(runtime: Runtime, host: str, port: int, workers: int = 16) 
         response_serializer=ExportTraceServiceResponse.SerializeToString,
     )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, {"Export": export}),))
-    bound = server.add_insecure_port(f"{host}:{port}")
+    if settings.tls_cert and settings.tls_key:
+        credentials = grpc_credentials(settings.tls_cert, settings.tls_key)
+        bound = server.add_secure_port(f"{host}:{port}", credentials)
+    else:
+        bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen for OTLP/gRPC on {host}:{port}")
     return server, bound

@@ -9,6 +9,7 @@ the limit, never inflated in full), 415 for other media types or encodings, 429/
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 
 from fastapi import APIRouter, Request, Response
@@ -17,10 +18,13 @@ from google.protobuf.message import Message
 from google.rpc import code_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from railtrace.ingest import Overloaded, WriterUnavailable, prepare
 from railtrace.otlp import PayloadError
 from railtrace.server.deps import RuntimeDep
+from railtrace.server.security import ContentFilter
+from railtrace.store import RowBatch
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -73,6 +77,11 @@ def _inflate(data: bytes, wbits: int, limit: int) -> bytes:
             return bytes(out)  # gzip may hold several members; zlib/raw streams end here
 
 
+def _prepare(content: ContentFilter, raw: bytes, media: str) -> RowBatch:
+    """Drop configured content attributes, then parse and build rows."""
+    return prepare(content.apply(raw, media), media)
+
+
 def _encode(message: Message, json: bool) -> tuple[bytes, str]:
     if json:
         return json_format.MessageToJson(message, indent=None).encode(), JSON
@@ -115,17 +124,26 @@ async def export_traces(request: Request, rt: RuntimeDep) -> Response:
         metrics.throttled("http")
         return _status(429, code_pb2.RESOURCE_EXHAUSTED, "ingest is behind; retry later", as_json, retry)
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            metrics.export_done("http", "too_large")
-            return too_large
+    try:
+        async with asyncio.timeout(rt.settings.body_timeout_s):  # a trickling client is cut off
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    metrics.export_done("http", "too_large")
+                    return too_large
+    except TimeoutError:
+        metrics.export_done("http", "timeout")
+        message = f"body not received within {rt.settings.body_timeout_s}s"
+        return _status(408, code_pb2.DEADLINE_EXCEEDED, message, as_json, {"connection": "close"})
+    except ClientDisconnect:
+        metrics.export_done("http", "disconnected")
+        return _status(400, code_pb2.CANCELLED, "client went away before sending its body", as_json)
     try:
         if encoding not in ("", "identity"):
             raw = await run_in_threadpool(inflate_bounded, bytes(body), encoding, limit)
         else:
             raw = bytes(body)
-        batch = await run_in_threadpool(prepare, raw, media)
+        batch = await run_in_threadpool(_prepare, rt.content_filter, raw, media)
     except TooLarge:
         metrics.export_done("http", "too_large")
         return too_large

@@ -25,6 +25,7 @@ from railtrace.ingest.assembler import Pipeline
 from railtrace.server.app import create_app
 from railtrace.server.grpc_server import make_grpc_server
 from railtrace.server.runtime import Runtime
+from railtrace.server.security import exposure_warnings
 from railtrace.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,8 @@ class Service:
 
     @property
     def http_url(self) -> str:
-        return f"http://{_url_host(self.settings.host)}:{self.http_port}"
+        scheme = "https" if self.settings.tls_cert else "http"
+        return f"{scheme}://{_url_host(self.settings.host)}:{self.http_port}"
 
     @property
     def grpc_endpoint(self) -> str:
@@ -61,7 +63,15 @@ class Service:
                 self.runtime, self.settings.host, self.settings.grpc_port
             )
             app = create_app(self.settings, self.runtime)
-            config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+            config = uvicorn.Config(
+                app,
+                log_level="warning",
+                access_log=False,
+                lifespan="on",
+                ssl_certfile=self.settings.tls_cert,
+                ssl_keyfile=self.settings.tls_key,
+                limit_concurrency=self.settings.max_connections,
+            )
             self._uvicorn = uvicorn.Server(config)
             self._thread = threading.Thread(
                 target=self._uvicorn.run, kwargs={"sockets": [sock]}, name="railtrace-http", daemon=True
@@ -131,6 +141,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         ("grpc_port", "grpc_port"),
         ("quiet_period", "quiet_period_s"),
         ("retention_hours", "retention_hours"),
+        ("ingest_token", "ingest_token"),
+        ("api_token", "api_token"),
+        ("tls_cert", "tls_cert"),
+        ("tls_key", "tls_key"),
+        ("cors_origin", "cors_origins"),
     ):
         value = getattr(args, arg, None)
         if value is not None:
@@ -156,6 +171,11 @@ def serve_command(args: argparse.Namespace) -> int:
         f"store {_safe_url(settings.db)}",
         flush=True,
     )
+    for warning in exposure_warnings(
+        settings.host, settings.ingest_token, settings.api_token, bool(settings.tls_cert)
+    ):
+        log.warning(warning)
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     if rt is not None and rt.assembly_error:
         print(f"warning: {rt.assembly_error}", file=sys.stderr)
     if rt is not None and rt.topology_error:

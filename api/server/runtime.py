@@ -12,6 +12,7 @@ from typing import Any
 from railtrace.ingest import BulkWriter
 from railtrace.ingest.assembler import Assembler, Pipeline, default_pipeline
 from railtrace.metrics import Metrics
+from railtrace.server.security import content_filter
 from railtrace.settings import Settings
 from railtrace.store import InsertResult, Store, make_engine, migrate
 from railtrace_tracing import semconv
@@ -29,6 +30,7 @@ class Runtime:
     def __init__(self, settings: Settings, pipeline: Pipeline | None = None) -> None:
         self.settings = settings
         self.metrics = Metrics()
+        self.content_filter = content_filter(settings.drop_attributes)
         self.engine = make_engine(settings.db)
         self.store = Store(self.engine)
         self.writer = BulkWriter(
