@@ -144,15 +144,22 @@ class Assembler:
         if not ready:
             return 0
         held = {t.trace_id for t in ready}
+        keep: set[str] = set()
         try:
-            self._assemble(ready, held, now, quiet_cutoff, wait_cutoff)
+            keep = self._assemble(ready, held, now, quiet_cutoff, wait_cutoff)
         finally:
-            self.store.release(self.owner, held)
+            self.store.release(self.owner, held - keep)
         return len(ready) if len(ready) >= limit else 0
 
     def _assemble(
         self, ready: list[Any], held: set[str], now: int, quiet_cutoff: int, wait_cutoff: int
-    ) -> None:
+    ) -> set[str]:
+        """Assemble the groups this replica holds entirely; returns the leases to keep.
+
+        When two replicas each hold part of one request, the one holding the group's smallest
+        trace id keeps its leases for its next round and the other lets go, so the request
+        cannot bounce between them forever.
+        """
         seen = {t.trace_id: t.last_arrival_ns for t in ready}
         late = {t.trace_id: t.late_spans for t in ready}
         spans = _by_trace(self.store.load_spans(seen, normalize=False))
@@ -171,6 +178,7 @@ class Assembler:
         if extra:  # siblings of these requests, wherever they were ingested: lease them too
             held |= self.store.claim(self.owner, extra, now, LEASE_NS)
         todo = [g for g in wanted if g <= held or not (g - held) & states.keys()]
+        keep = {t for g in wanted if g not in todo and min(g) in held for t in g & held}
         extra = {t for g in todo for t in g} - seen.keys()
         spans.update(_by_trace(self.store.load_spans(extra, normalize=False)))
         for t in extra:
@@ -192,6 +200,7 @@ class Assembler:
         superseded = set(old) - {s.trace_id for s in summaries}
         self.store.save_assembly(summaries, marks, superseded, now)
         self._count(summaries, old, marks, late, now)
+        return keep
 
     def _keys(self, spans: list[Span]) -> set[str]:
         keys: set[str] = set()

@@ -1,0 +1,82 @@
+"""Assembly leases, on SQLite and PostgreSQL: replicas claim disjoint traces, and a request
+whose traces two replicas hold is assembled once, by the holder of its smallest trace id."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from sqlalchemy import select
+
+from railtrace.ingest.assembler import Assembler, default_pipeline
+from railtrace.ingest.writer import prepare
+from railtrace.metrics import Metrics
+from railtrace.store import Store, make_engine, migrate
+from railtrace.store.schema import requests as requests_table
+from railtrace.store.schema import traces as traces_table
+from railtrace.topology import TopologyHolder
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "service"))
+from service_helpers import export_request, settings_for, trace_id
+
+HOUR_NS = 3600 * 10**9
+LEASE = 60 * 10**9
+
+
+def _store(db_url: str) -> Store:
+    engine = make_engine(db_url)
+    migrate(engine)
+    return Store(engine)
+
+
+def _assembler(store: Store, db_url: str) -> Assembler:
+    settings = settings_for(db_url, quiet_period_s=1.0)
+    holder = TopologyHolder([])
+    return Assembler(store, settings, Metrics(), default_pipeline(settings, holder.get))
+
+
+def test_two_owners_claim_disjoint_traces_and_release(db_url: str) -> None:
+    store = _store(db_url)
+    store.insert_batches([prepare(export_request(list(range(10))))])
+    later = time.time_ns() + HOUR_NS
+    a = store.claim_ready("a", later, later, later, LEASE, limit=6)
+    b = store.claim_ready("b", later, later, later, LEASE, limit=6)
+    assert len(a) == 6 and len(b) == 4
+    assert not {t.trace_id for t in a} & {t.trace_id for t in b}
+    assert store.claim_ready("c", later, later, later, LEASE) == []  # all leased
+    assert store.claim("c", [a[0].trace_id], later, LEASE) == set()
+    store.release("a", [t.trace_id for t in a])
+    assert {t.trace_id for t in store.claim_ready("c", later, later, later, LEASE)} == {t.trace_id for t in a}
+    # An expired lease is free again.
+    assert len(store.claim_ready("d", later, later, later + 2 * LEASE, LEASE)) == 10
+    store.engine.dispose()
+
+
+def test_a_request_split_across_holders_is_assembled_once(db_url: str) -> None:
+    store = _store(db_url)
+    store.insert_batches([prepare(export_request([1], split=True))])
+    first, second = trace_id(1), trace_id(501)  # one request, two traces joined by request id
+    later = time.time_ns() + HOUR_NS
+    assert store.claim("other-replica", [second], later, LEASE) == {second}
+
+    mine = _assembler(store, db_url)
+    mine.run_once(now_ns=later)
+    with store.engine.connect() as conn:
+        assert conn.execute(select(requests_table.c.trace_id)).all() == []
+        claims = dict(conn.execute(select(traces_table.c.trace_id, traces_table.c.claimed_by)).all())
+    # This replica holds the smallest trace id of the request, so it keeps its lease; the
+    # other replica (holding a larger one) lets go.
+    assert claims == {first: mine.owner, second: "other-replica"}
+    store.release("other-replica", [second])
+
+    mine.run_once(now_ns=later)
+    with store.engine.connect() as conn:
+        rows = conn.execute(select(requests_table.c.trace_id)).all()
+        states = conn.execute(
+            select(traces_table.c.dirty, traces_table.c.claimed_by, traces_table.c.request_trace_id)
+        ).all()
+    assert len(rows) == 1
+    assert all(not dirty and owner is None for dirty, owner, _ in states)
+    assert {r for _, _, r in states} == {rows[0][0]}
+    store.engine.dispose()
