@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -22,6 +23,30 @@ def _operation_id(route: APIRoute) -> str:
     """Stable OpenAPI operation ids (`{tag}-{name}`) for generated clients."""
     tag = route.tags[0] if route.tags else "default"
     return f"{tag}-{route.name}"
+
+
+def _error(description: str, *media: str) -> dict[str, Any]:
+    return {"description": description, "content": {m: {} for m in media or ("application/json",)}}
+
+
+OTLP_MEDIA = ("application/x-protobuf", "application/json")
+# Every answer the receivers and the API give, so clients (and schema checkers) know them all.
+OTLP_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: _error("Accepted and committed; `partial_success` counts rejected spans", *OTLP_MEDIA),
+    400: _error("Not an OTLP export request (google.rpc.Status)", *OTLP_MEDIA),
+    401: _error("Missing or wrong ingest bearer token"),
+    408: _error("Body not received in time", *OTLP_MEDIA),
+    413: _error("Body over the size limit, before or after decompression", *OTLP_MEDIA),
+    415: _error("Media type or content encoding not supported", *OTLP_MEDIA),
+    429: _error("Ingest is behind; retry after `Retry-After` seconds", *OTLP_MEDIA),
+    503: _error("Writes are failing or the service is stopping; retry after `Retry-After`", *OTLP_MEDIA),
+}
+API_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _error("Parameter values the service cannot serve (bad cursor, range, id)"),
+    401: _error("Missing or wrong API bearer token"),
+    404: _error("Not found (yet: requests are assembled after a quiet period)"),
+    503: _error("A part the answer needs is unavailable"),
+}
 
 
 def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
@@ -57,7 +82,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         )
     if settings.ingest_token or settings.api_token:
         app.add_middleware(AccessMiddleware, ingest_token=settings.ingest_token, api_token=settings.api_token)
-    app.include_router(otlp_http.router)
+    app.include_router(otlp_http.router, responses=OTLP_RESPONSES)
     app.include_router(health.router)
-    app.include_router(api_v1.router)
+    app.include_router(api_v1.router, responses=API_RESPONSES)
     return app

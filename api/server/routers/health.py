@@ -15,7 +15,11 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="Readiness: database reachable, writer healthy and keeping up")
+@router.get(
+    "/readyz",
+    summary="Readiness: database reachable, writer healthy and keeping up",
+    responses={503: {"description": "Not ready: the body lists the problems"}},
+)
 def readyz(rt: RuntimeDep) -> Response:
     problems: list[str] = []
     try:
@@ -36,7 +40,12 @@ def readyz(rt: RuntimeDep) -> Response:
     return JSONResponse(body, status_code=200 if not problems else 503)
 
 
-@router.get("/metrics", summary="Prometheus metrics (OpenMetrics with trace-id exemplars when asked)")
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics (OpenMetrics with trace-id exemplars when asked)",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}, "application/openmetrics-text": {}}}},
+)
 def metrics(request: Request, rt: RuntimeDep) -> Response:
     rt.refresh_contract_gauge()
     body, media = rt.metrics.render(request.headers.get("accept"))

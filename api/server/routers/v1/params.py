@@ -4,10 +4,25 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from typing import Annotated
 
 from fastapi import HTTPException
+from pydantic import WithJsonSchema
 
 TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
+
+
+# Query times are bounded to what the store can hold (nanoseconds in a signed 64-bit column).
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(2200, 1, 1, tzinfo=UTC)
+
+# RFC 3339 or unix seconds, as the OpenAPI description says (pydantic accepts both).
+TimeParam = Annotated[
+    datetime | None,
+    WithJsonSchema(
+        {"anyOf": [{"type": "string", "format": "date-time"}, {"type": "number"}, {"type": "null"}]}
+    ),
+]
 
 
 def to_ns(value: datetime | None) -> int | None:
@@ -16,6 +31,8 @@ def to_ns(value: datetime | None) -> int | None:
         return None
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
+    if not EARLIEST <= value < LATEST:
+        raise bad_request(f"time {value.isoformat()} is outside {EARLIEST.year}..{LATEST.year}")
     return round(value.timestamp() * 1e6) * 1000
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 from starlette.concurrency import run_in_threadpool
 
 from railtrace.server.deps import RuntimeDep
-from railtrace.server.routers.v1.params import bad_request, to_ns
+from railtrace.server.routers.v1.params import TimeParam, bad_request, to_ns
 from railtrace.store import Cursor, RequestQuery, StoreError
 from railtrace.store.queries import DEFAULT_LIMIT, MAX_LIMIT
 from railtrace_tracing.semconv import FlagName, PathClass
@@ -24,8 +23,8 @@ async def list_requests(
     rt: RuntimeDep,
     flag: FlagName | None = None,
     path_class: PathClass | None = None,
-    since: Annotated[datetime | None, Query(description="RFC 3339 or unix seconds; inclusive")] = None,
-    until: Annotated[datetime | None, Query(description="RFC 3339 or unix seconds; exclusive")] = None,
+    since: Annotated[TimeParam, Query(description="RFC 3339 or unix seconds; inclusive")] = None,
+    until: Annotated[TimeParam, Query(description="RFC 3339 or unix seconds; exclusive")] = None,
     node: Text = None,
     pod: Text = None,
     model: Text = None,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -10,7 +9,7 @@ from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
 from railtrace.server.deps import RuntimeDep
-from railtrace.server.routers.v1.params import check_range, to_ns
+from railtrace.server.routers.v1.params import TimeParam, check_range, to_ns
 
 router = APIRouter(tags=["stats"])
 
@@ -25,8 +24,8 @@ class GroupBy(StrEnum):
 async def stats(
     rt: RuntimeDep,
     group_by: GroupBy = GroupBy.PATH_CLASS,
-    since: Annotated[datetime | None, Query(description="RFC 3339 or unix seconds; inclusive")] = None,
-    until: Annotated[datetime | None, Query(description="RFC 3339 or unix seconds; exclusive")] = None,
+    since: Annotated[TimeParam, Query(description="RFC 3339 or unix seconds; inclusive")] = None,
+    until: Annotated[TimeParam, Query(description="RFC 3339 or unix seconds; exclusive")] = None,
 ) -> dict[str, Any]:
     since_ns, until_ns = to_ns(since), to_ns(until)
     check_range(since_ns, until_ns)
