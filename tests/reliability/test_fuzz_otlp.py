@@ -44,7 +44,7 @@ from railtrace.server.runner import Service
 from railtrace.settings import Settings
 
 FUZZ = settings(
-    max_examples=examples(150),
+    max_examples=examples(100),
     deadline=None,
     database=None,
     suppress_health_check=list(HealthCheck),
