@@ -146,8 +146,8 @@ def _rid_index(rids: Sequence[str]) -> dict[str, list[str]]:
 def _probe(value: str) -> str:
     """The UUID's second group, found wherever the id sits in the value."""
     at = value.find("-")
-    while at >= 8:
-        if len(value) >= at + 28 and value[at + 5] == "-":
+    while at >= 0:
+        if at >= 8 and len(value) >= at + 28 and value[at + 5] == "-":
             return value[at + 1 : at + 5]
         at = value.find("-", at + 1)
     return ""
@@ -244,6 +244,8 @@ def run(args: argparse.Namespace, kind: str) -> dict[str, Any]:
                 ).scalar_one()
             engine.dispose()
             out["requests_stored"] = len(ids)
+            if len(ids) < out["requests"]:
+                print(f"  warning: {len(ids)} request rows for {out['requests']} requests sent", flush=True)
             out["flagged_share"] = flagged / max(1, len(ids))
             out["peak_rss_mb"] = rss_mb(proc.pid, peak=True)
             out["storage"] = storage(database, out["spans"])
