@@ -132,7 +132,10 @@ def main_raw(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         db = args.db or f"sqlite:///{work / 'overload.db'}"
-        server = Server(db, work, env={"RAILTRACE_QUIET_PERIOD_S": "3600"})
+        env = {"RAILTRACE_QUIET_PERIOD_S": "3600"}
+        if args.max_pending:
+            env["RAILTRACE_MAX_PENDING_SPANS"] = str(args.max_pending)
+        server = Server(db, work, env=env)
         try:
             server.wait_ready()
             probe = raw_drive(server, pool, None, args.probe, 4, 0)
@@ -164,6 +167,8 @@ def main_raw(args: argparse.Namespace) -> int:
                 json.dumps(
                     {
                         "mode": "raw",
+                        "max_pending_spans": args.max_pending or "default",
+                        "sender_threads": args.threads,
                         "db": db.split(":", 1)[0],
                         "sustainable_spans_per_s": round(rate),
                         "probe": probe,
@@ -193,6 +198,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--db", help="database URL (default: a fresh SQLite file)")
     ap.add_argument("--raw", action="store_true", help="pre-encoded load that can outrun the service")
+    ap.add_argument("--max-pending", type=int, help="--raw: the service's max_pending_spans for the run")
     ap.add_argument("--pool-spans", type=int, default=51_200, help="--raw: distinct spans encoded up front")
     args = ap.parse_args()
     if args.raw:
