@@ -186,7 +186,7 @@ def storage(db: Database, spans: int) -> dict[str, float]:
                 )
             ).scalar_one()
         engine.dispose()
-    return {"bytes_total": float(total), "bytes_per_span": total / spans}
+    return {"bytes_total": float(total), "bytes_per_span": float(total) / spans}
 
 
 def run(args: argparse.Namespace, kind: str) -> dict[str, Any]:
