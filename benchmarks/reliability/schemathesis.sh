@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Longer schemathesis run against a live service (the CI test runs 25 examples per operation).
+# Longer schemathesis run against a live service (the CI test runs 10 examples per operation).
 #   benchmarks/reliability/schemathesis.sh [EXAMPLES]      (default 500)
 set -euo pipefail
 cd "$(dirname "$0")/../.."

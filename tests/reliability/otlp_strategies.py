@@ -99,6 +99,8 @@ trace_ids = st.one_of(
     st.just(b""),
     st.just(b"\0" * 16),
 )
+valid_trace_ids = st.binary(min_size=16, max_size=16).filter(any)
+valid_span_ids = st.binary(min_size=8, max_size=8).filter(any)
 span_ids = st.one_of(
     st.binary(min_size=8, max_size=8), st.binary(max_size=12), st.just(b""), st.just(b"\0" * 8)
 )
@@ -121,16 +123,16 @@ def export_requests(draw: st.DrawFn) -> ExportTraceServiceRequest:
             ss.scope.name = draw(text)
             for _ in range(draw(st.integers(0, 3))):
                 s = ss.spans.add()
-                s.trace_id = draw(trace_ids)
-                s.span_id = draw(span_ids)
-                s.parent_span_id = draw(st.one_of(st.just(b""), span_ids))
+                sane = draw(st.booleans())  # half the spans valid, so the storing path is fuzzed too
+                s.trace_id = draw(valid_trace_ids if sane else trace_ids)
+                s.span_id = draw(valid_span_ids if sane else span_ids)
+                s.parent_span_id = draw(st.one_of(st.just(b""), valid_span_ids if sane else span_ids))
                 s.name = draw(st.one_of(text, big_text))
                 s.kind = draw(st.integers(0, 5))
-                start = draw(times)
+                start = draw(st.integers(MIN_TIME_NS, MAX_TIME_NS - 10**13) if sane else times)
                 s.start_time_unix_nano = start
-                s.end_time_unix_nano = draw(
-                    st.one_of(times, st.integers(0, 10**12).map(lambda d, a=start: min(a + d, U64)))
-                )
+                ends = st.integers(0, 10**12).map(lambda d, a=start: min(a + d, U64))
+                s.end_time_unix_nano = draw(ends if sane else st.one_of(times, ends))
                 s.attributes.extend(draw(key_values))
                 for _ in range(draw(st.integers(0, 1))):
                     e = s.events.add(name=draw(text), time_unix_nano=draw(times))

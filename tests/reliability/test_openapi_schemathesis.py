@@ -1,7 +1,7 @@
 """Schemathesis against the OpenAPI description of a live service: every operation, every
 check except `positive_data_acceptance` (schema-valid values the service still refuses with
 a documented 400, such as a cursor it never issued or a trace id that is not 32 hex digits).
-CI runs a short version; `benchmarks/reliability/schemathesis.sh` runs more examples."""
+CI runs 10 examples per operation; `benchmarks/reliability/schemathesis.sh` runs more examples."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from railtrace.server.runner import Service
 from railtrace.settings import Settings
 
-EXAMPLES = os.environ.get("RAILTRACE_SCHEMATHESIS_EXAMPLES", "25")
+EXAMPLES = os.environ.get("RAILTRACE_SCHEMATHESIS_EXAMPLES", "10")
 
 
 def schemathesis_command() -> list[str]:
