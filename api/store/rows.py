@@ -88,9 +88,10 @@ def _invalid(s: PbSpan) -> str | None:
 
 
 def _strip_content(s: PbSpan) -> int:
-    """Remove content attributes (prompt/completion text) from a span and its events."""
+    """Remove content attributes (prompt/completion text) from a span, its events and links."""
     dropped = 0
-    for container in [s.attributes, *(e.attributes for e in s.events)]:
+    containers = [s.attributes, *(e.attributes for e in s.events), *(link.attributes for link in s.links)]
+    for container in containers:
         for i in range(len(container) - 1, -1, -1):
             if container[i].key in DEFAULT_DROP:
                 del container[i]
