@@ -7,7 +7,8 @@ from __future__ import annotations
 import random
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from railtrace.otlp.encode import key_value as _kv
 
 SPANS_PER_TRACE = 8
 MS = 1_000_000
@@ -19,25 +20,6 @@ PROCESSES = {
     "prefill": ("vllm-prefill", "prefill-5d6f-2", "gke-a3u-gpu-03"),
     "decode": ("vllm-decode", "decode-7b8c-4", "gke-a3u-gpu-17"),
 }
-
-
-def _kv(key: str, value: object) -> KeyValue:
-    if isinstance(value, bool):
-        v = AnyValue(bool_value=value)
-    elif isinstance(value, int):
-        v = AnyValue(int_value=value)
-    elif isinstance(value, float):
-        v = AnyValue(double_value=value)
-    elif isinstance(value, list):
-        v = AnyValue()
-        for item in value:
-            if isinstance(item, float):
-                v.array_value.values.add().double_value = item
-            else:
-                v.array_value.values.add().string_value = str(item)
-    else:
-        v = AnyValue(string_value=str(value))
-    return KeyValue(key=key, value=v)
 
 
 def _common(rng: random.Random, rid: str) -> dict[str, object]:

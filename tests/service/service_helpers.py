@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
+from railtrace.otlp.encode import key_value as kv
 from railtrace.settings import Settings
 
 T0 = 1_790_000_000 * 10**9
@@ -27,22 +27,6 @@ def settings_for(db_url: str, **overrides: Any) -> Settings:
     }
     values.update(overrides)
     return Settings(**values)
-
-
-def kv(key: str, value: Any) -> KeyValue:
-    if isinstance(value, bool):
-        v = AnyValue(bool_value=value)
-    elif isinstance(value, int):
-        v = AnyValue(int_value=value)
-    elif isinstance(value, float):
-        v = AnyValue(double_value=value)
-    elif isinstance(value, list):
-        v = AnyValue()
-        for item in value:
-            v.array_value.values.add().string_value = str(item)
-    else:
-        v = AnyValue(string_value=str(value))
-    return KeyValue(key=key, value=v)
 
 
 def trace_id(n: int) -> str:
