@@ -255,7 +255,7 @@ MEDIA = st.one_of(
             "application/json;x=1",
         ]
     ),
-    st.text(max_size=30).filter(lambda s: s.isprintable() and s.isascii()),
+    st.text(max_size=30).filter(lambda s: s.isprintable() and s.isascii() and s == s.strip()),
 )
 
 
