@@ -1,10 +1,6 @@
-"""The store's own content check (defence in depth behind the receivers' filter).
-
-`railtrace.store.rows.rows_from_request` strips the registry's content attributes from span
-attributes and events, but not from span links; today only the receivers' filter
-(`railtrace.server.security.ContentFilter`) keeps them out. Anything that builds rows without
-going through a receiver would store them.
-"""
+"""The store's own content check, defence in depth behind the receivers' filter
+(`railtrace.server.security.ContentFilter`): rows built without going through a receiver
+must not hold content attributes either, including those in span links."""
 
 from __future__ import annotations
 
