@@ -17,12 +17,17 @@ def is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
 
 
+SQLITE_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
 def make_engine(url: str, *, sqlite_synchronous: str = "FULL") -> Engine:
     """An engine for `url`. SQLite gets WAL and a busy timeout; the parent folder is created.
 
     SQLite `synchronous=FULL` makes every acknowledged commit survive power loss, not just a
     process crash; group commit keeps the fsync count low, so the cost is small.
     """
+    if sqlite_synchronous.upper() not in SQLITE_SYNCHRONOUS:
+        raise ValueError(f"sqlite_synchronous must be one of {', '.join(SQLITE_SYNCHRONOUS)}")
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database in (None, "", ":memory:"):
