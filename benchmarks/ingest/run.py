@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from sqlalchemy import create_engine, func, select, text
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from harness import PROTOBUF, cpu_seconds, free_port, post_all, serve_process  # noqa: E402
 from payload import export_calls  # noqa: E402
 
 from railtrace.ingest import prepare  # noqa: E402
@@ -41,15 +41,6 @@ from railtrace.store.schema import spans as spans_table  # noqa: E402
 from railtrace.store.schema import traces as traces_table  # noqa: E402
 
 PG_ADMIN = os.environ.get("RAILTRACE_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-PROTOBUF = "application/x-protobuf"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Database:
     """A throwaway SQLite file or PostgreSQL database, removed afterwards."""
 
@@ -113,97 +104,44 @@ def ceilings(calls: list[bytes], db: str, with_cpu: bool = True) -> dict[str, fl
 
 def end_to_end(calls: list[bytes], db: str, clients: int, quiet_period: float | None) -> dict[str, float]:
     database = Database(db)
-    port, grpc_port = free_port(), free_port()
-    env = dict(os.environ, RAILTRACE_DB=database.url)
-    cmd = [sys.executable, "-m", "railtrace.cli", "serve", "--port", str(port), "--grpc-port", str(grpc_port)]
-    if quiet_period is not None:
-        cmd += ["--quiet-period", str(quiet_period)]
-    proc = subprocess.Popen(cmd, env=env, cwd=database.tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    n_spans = 512 * len(calls)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(base + "/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("service did not start: " + proc.stdout.read().decode()[-2000:])
-            time.sleep(0.1)
-        n_spans = 512 * len(calls)
-        lock = threading.Lock()
-        queue = list(range(len(calls)))
-        retries = [0]
-        errors: list[str] = []
-
-        def worker() -> None:
-            with httpx.Client(base_url=base, timeout=120, headers={"content-type": PROTOBUF}) as client:
-                while True:
-                    with lock:
-                        if not queue:
-                            return
-                        i = queue.pop()
-                    while True:
-                        r = client.post("/v1/traces", content=calls[i])
-                        if r.status_code == 200:
-                            break
-                        if r.status_code in (429, 503):  # as an OTLP exporter would: back off, retry
-                            retries[0] += 1
-                            time.sleep(float(r.headers.get("retry-after", "1")))
-                            continue
-                        errors.append(f"{r.status_code} {r.text[:200]}")
-                        return
-
-        threads = [threading.Thread(target=worker) for _ in range(clients)]
-        cpu0 = _cpu_seconds(proc.pid)
-        t = time.perf_counter()
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        elapsed = time.perf_counter() - t
-        server_cpu = _cpu_seconds(proc.pid) - cpu0
-        if errors:
-            raise RuntimeError(f"export failed: {errors[:3]}")
-        engine = create_engine(database.url)
-        with engine.connect() as conn:
-            stored = conn.execute(select(func.count()).select_from(spans_table)).scalar_one()
-        if stored != n_spans:
-            raise RuntimeError(f"{stored} spans stored, {n_spans} acknowledged")
-        assembled_rate = None
-        if not (quiet_period and quiet_period > 60):  # wait for every request summary
-            deadline = time.monotonic() + 1800
-            while time.monotonic() < deadline:
-                with engine.connect() as conn:
-                    dirty = conn.execute(
-                        select(func.count()).select_from(traces_table).where(traces_table.c.dirty.is_(True))
-                    ).scalar_one()
-                if dirty == 0:
-                    assembled_rate = rate(n_spans, time.perf_counter() - t)
-                    break
-                time.sleep(0.2)
-        engine.dispose()
-        rss = _peak_rss_mb(proc.pid)
-        label = f"{db} end to end" + (" (assembly deferred)" if quiet_period and quiet_period > 60 else "")
-        return {
-            f"{label}, durable and queryable, wall clock": rate(n_spans, elapsed),
-            f"{label}, per server CPU-second": rate(n_spans, server_cpu),
-            **(
-                {f"{db} until every request is assembled, wall clock": assembled_rate}
-                if assembled_rate
-                else {}
-            ),
-            f"{db} server peak RSS MB": rss,
-            f"{db} 429/503 retries": float(retries[0]),
-        }
+        with serve_process(database.url, database.tmp, quiet_period) as (proc, base):
+            cpu0 = cpu_seconds(proc.pid)
+            t = time.perf_counter()
+            elapsed, retries = post_all(base, calls, clients)
+            server_cpu = cpu_seconds(proc.pid) - cpu0
+            engine = create_engine(database.url)
+            with engine.connect() as conn:
+                stored = conn.execute(select(func.count()).select_from(spans_table)).scalar_one()
+            if stored != n_spans:
+                raise RuntimeError(f"{stored} spans stored, {n_spans} acknowledged")
+            assembled_rate = None
+            if not (quiet_period and quiet_period > 60):  # wait for every request summary
+                deadline = time.monotonic() + 1800
+                while time.monotonic() < deadline:
+                    with engine.connect() as conn:
+                        dirty = conn.execute(
+                            select(func.count())
+                            .select_from(traces_table)
+                            .where(traces_table.c.dirty.is_(True))
+                        ).scalar_one()
+                    if dirty == 0:
+                        assembled_rate = rate(n_spans, time.perf_counter() - t)
+                        break
+                    time.sleep(0.2)
+            engine.dispose()
+            rss = _peak_rss_mb(proc.pid)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
         database.drop()
+    label = f"{db} end to end" + (" (assembly deferred)" if quiet_period and quiet_period > 60 else "")
+    return {
+        f"{label}, durable and queryable, wall clock": rate(n_spans, elapsed),
+        f"{label}, per server CPU-second": rate(n_spans, server_cpu),
+        **({f"{db} until every request is assembled, wall clock": assembled_rate} if assembled_rate else {}),
+        f"{db} server peak RSS MB": rss,
+        f"{db} 429/503 retries": float(retries),
+    }
 
 
 def phoenix(calls: list[bytes], executable: str, clients: int) -> dict[str, float]:
@@ -277,12 +215,6 @@ def phoenix(calls: list[bytes], executable: str, clients: int) -> dict[str, floa
         except subprocess.TimeoutExpired:
             proc.kill()
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_rate(fn, n: int) -> tuple[float, float]:
