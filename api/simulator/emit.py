@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -56,54 +56,36 @@ class Names:
     sidecar_injects: bool
 
 
+_CURRENT = Names(
+    epp_service="llm-d-router/epp",
+    sidecar_service="llm-d-disagg-sidecar",
+    sidecar_root=sc.SPAN_PD_FORWARD,
+    prefill=sc.SPAN_PD_PREFILL,
+    decode=sc.SPAN_PD_DECODE,
+    disagg_pick=sc.SPAN_PICK_DISAGG_PROFILE,
+    decision_attr=sc.EPP_DECISION,
+    prepare=sc.SPAN_PREPARE_DISAGGREGATION,
+    prefix_span=None,
+    sidecar_injects=True,
+)
+# Each older generation as its differences from the next newer one (rename map in
+# llm-d-telemetry.md §5 and propagation gaps in §6).
+_V010 = replace(_CURRENT, sidecar_service="pd-sidecar")
+_V09 = replace(_V010, prefix_span=sc.SPAN_SCORE_PREFIX_CACHE, sidecar_injects=False)
 NAMES: dict[str, Names] = {
-    "current": Names(
-        "llm-d-router/epp",
-        "llm-d-disagg-sidecar",
-        sc.SPAN_PD_FORWARD,
-        sc.SPAN_PD_PREFILL,
-        sc.SPAN_PD_DECODE,
-        sc.SPAN_PICK_DISAGG_PROFILE,
-        sc.EPP_DECISION,
-        sc.SPAN_PREPARE_DISAGGREGATION,
-        None,
-        True,
-    ),
-    "v0.10": Names(
-        "llm-d-router/epp",
-        "pd-sidecar",
-        sc.SPAN_PD_FORWARD,
-        sc.SPAN_PD_PREFILL,
-        sc.SPAN_PD_DECODE,
-        sc.SPAN_PICK_DISAGG_PROFILE,
-        sc.EPP_DECISION,
-        sc.SPAN_PREPARE_DISAGGREGATION,
-        None,
-        True,
-    ),
-    "v0.9": Names(
-        "llm-d-router/epp",
-        "pd-sidecar",
-        sc.SPAN_PD_FORWARD,
-        sc.SPAN_PD_PREFILL,
-        sc.SPAN_PD_DECODE,
-        sc.SPAN_PICK_DISAGG_PROFILE,
-        sc.EPP_DECISION,
-        sc.SPAN_PREPARE_DISAGGREGATION,
-        sc.SPAN_SCORE_PREFIX_CACHE,
-        False,
-    ),
-    "v0.8": Names(
-        "llm-d-inference-scheduler",
-        "pd-sidecar",
-        sc.SPAN_V08_PD_REQUEST,
-        sc.SPAN_V08_PD_PREFILL,
-        sc.SPAN_V08_PD_DECODE,
-        sc.SPAN_V08_DISAGG_PICK,
-        sc.EPP_DECISION_LEGACY,
-        sc.SPAN_V08_PREREQUEST_DISAGG,
-        sc.SPAN_V08_PREFIX_SCORER,
-        False,
+    "current": _CURRENT,
+    "v0.10": _V010,
+    "v0.9": _V09,
+    "v0.8": replace(
+        _V09,
+        epp_service="llm-d-inference-scheduler",
+        sidecar_root=sc.SPAN_V08_PD_REQUEST,
+        prefill=sc.SPAN_V08_PD_PREFILL,
+        decode=sc.SPAN_V08_PD_DECODE,
+        disagg_pick=sc.SPAN_V08_DISAGG_PICK,
+        decision_attr=sc.EPP_DECISION_LEGACY,
+        prepare=sc.SPAN_V08_PREREQUEST_DISAGG,
+        prefix_span=sc.SPAN_V08_PREFIX_SCORER,
     ),
 }
 
