@@ -31,7 +31,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +45,8 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
+
+from tests.shims.nixl_loopback import open_initiator
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE_LOG = (
@@ -141,30 +142,12 @@ def nixl_part(transfers: int, block: int, rounds: int) -> dict[str, Any]:
     tp.add_span_processor(processor(tally))
     inst = NixlKVTransferInstrumentor()
     inst.instrument(tracer_provider=tp)  # before the agent: UCX logs where the shim reads
-    from nixl_cu12 import _api
 
     size = 1 << 20
-    target = subprocess.Popen(
-        [sys.executable, "-m", "tests.shims.nixl_loopback", "--role", "target", "--size", str(size)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    assert target.stdin is not None and target.stdout is not None
-    line = target.stdout.readline()
-    while line and not line.startswith("RTHELLO "):
-        line = target.stdout.readline()
-    hello = json.loads(line.split(" ", 1)[1])
-    cfg = _api.nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False, backends=["UCX"])
-    agent = _api.nixl_agent("bench-initiator", cfg)
     buf = np.zeros(size, dtype=np.uint8)
-    agent.register_memory([(buf.ctypes.data, size, 0, "")], "DRAM")
-    peer = agent.add_remote_agent(bytes.fromhex(hello["meta"]))
-    target.stdin.write(json.dumps({"meta": agent.get_agent_metadata().hex()}) + "\n")
-    target.stdin.flush()
+    target, agent, peer, remote_addr = open_initiator("bench-initiator", buf, cwd=str(ROOT))
     local = agent.get_xfer_descs([(buf.ctypes.data, size, 0)], "DRAM")
-    remote = agent.get_xfer_descs([(hello["addr"], size, 0)], "DRAM")
+    remote = agent.get_xfer_descs([(remote_addr, size, 0)], "DRAM")
     modes = ("off", "on", "inline")
 
     def one(i: int, host_cpu: list[int]) -> int:

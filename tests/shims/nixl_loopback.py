@@ -24,6 +24,40 @@ def _cfg(nixl_api: Any) -> Any:
     return nixl_api.nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False, backends=["UCX"])
 
 
+def open_initiator(
+    name: str, buf: np.ndarray, cwd: str | None = None
+) -> tuple[subprocess.Popen[str], Any, str, int]:
+    """Spawn the target process, create this process's agent on `buf` and exchange metadata.
+
+    Returns (target process, agent, peer agent name, target buffer address). Instrument NIXL
+    before calling: the agent is created here.
+    """
+    from nixl_cu12 import _api
+
+    size = buf.nbytes
+    target = subprocess.Popen(
+        [sys.executable, "-m", "tests.shims.nixl_loopback", "--role", "target", "--size", str(size)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+    )
+    assert target.stdout is not None and target.stdin is not None
+    line = target.stdout.readline()
+    while line and not line.startswith("RTHELLO "):
+        line = target.stdout.readline()
+    if not line:
+        target.kill()
+        raise RuntimeError("NIXL loopback target exited before publishing its metadata")
+    hello = json.loads(line.split(" ", 1)[1])
+    agent = _api.nixl_agent(name, _cfg(_api))
+    agent.register_memory([(buf.ctypes.data, size, 0, "")], "DRAM")
+    peer = agent.add_remote_agent(bytes.fromhex(hello["meta"]))
+    target.stdin.write(json.dumps({"meta": agent.get_agent_metadata().hex()}) + "\n")
+    target.stdin.flush()
+    return target, agent, peer, int(hello["addr"])
+
+
 def target_main(size: int) -> int:
     """Target: register a buffer, publish metadata, progress until the initiator says bye."""
     from nixl_cu12 import _api
@@ -89,34 +123,16 @@ def initiator_main(args: argparse.Namespace) -> int:
     if not args.uninstrumented:
         inst.instrument(tracer_provider=provider)
 
-    from nixl_cu12 import _api
-
-    target = subprocess.Popen(
-        [sys.executable, "-m", "tests.shims.nixl_loopback", "--role", "target", "--size", str(args.size)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=os.environ.copy(),
+    buf = (
+        np.zeros(args.size, dtype=np.uint8)
+        if args.op == "READ"
+        else ((np.arange(args.size) % 13).astype(np.uint8))
     )
+    target, agent, peer, remote_addr = open_initiator("loop-initiator", buf)
     result: dict[str, Any] = {"op": args.op, "transfers": []}
     try:
-        assert target.stdout is not None and target.stdin is not None
-        line = target.stdout.readline()
-        while line and not line.startswith("RTHELLO "):
-            line = target.stdout.readline()
-        hello = json.loads(line.split(" ", 1)[1])
-        agent = _api.nixl_agent("loop-initiator", _cfg(_api))
-        buf = (
-            np.zeros(args.size, dtype=np.uint8)
-            if args.op == "READ"
-            else ((np.arange(args.size) % 13).astype(np.uint8))
-        )
-        agent.register_memory([(buf.ctypes.data, args.size, 0, "")], "DRAM")
-        peer = agent.add_remote_agent(bytes.fromhex(hello["meta"]))
-        target.stdin.write(json.dumps({"meta": agent.get_agent_metadata().hex()}) + "\n")
-        target.stdin.flush()
         local = agent.get_xfer_descs([(buf.ctypes.data, args.size, 0)], "DRAM")
-        remote = agent.get_xfer_descs([(hello["addr"], args.size, 0)], "DRAM")
+        remote = agent.get_xfer_descs([(remote_addr, args.size, 0)], "DRAM")
         tracer = provider.get_tracer("loopback-test")
         for i in range(args.count):
             with tracer.start_as_current_span("llm_request") as req_span:

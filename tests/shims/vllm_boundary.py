@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 import types
@@ -20,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from tests.shims.nixl_loopback import open_initiator
 
 BLOCK = 64 * 1024
 LAYOUT = os.environ.get("RT_VLLM_LAYOUT", "flat")  # flat | nested: the two ReqMeta shapes of vLLM
@@ -173,27 +174,10 @@ def main() -> int:
     import importlib
 
     nc = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector")
-    from nixl_cu12 import _api
 
     size = BLOCK * NBLOCKS
-    target = subprocess.Popen(
-        [sys.executable, "-m", "tests.shims.nixl_loopback", "--role", "target", "--size", str(size)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert target.stdin is not None and target.stdout is not None
-    line = target.stdout.readline()
-    while line and not line.startswith("RTHELLO "):
-        line = target.stdout.readline()
-    hello = json.loads(line.split(" ", 1)[1])
-    cfg = _api.nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False, backends=["UCX"])
-    agent = _api.nixl_agent("decode-engine-0", cfg)
     buf = np.zeros(size, dtype=np.uint8)
-    agent.register_memory([(buf.ctypes.data, size, 0, "")], "DRAM")
-    remote_name = agent.add_remote_agent(bytes.fromhex(hello["meta"]))
-    target.stdin.write(json.dumps({"meta": agent.get_agent_metadata().hex()}) + "\n")
-    target.stdin.flush()
+    target, agent, remote_name, remote_addr = open_initiator("decode-engine-0", buf)
 
     tracer = provider.get_tracer("vllm-stand-in")
     with tracer.start_as_current_span("llm_request") as req_span:  # vLLM's request context
@@ -214,7 +198,7 @@ def main() -> int:
         },
     )
     sched = nc.NixlConnectorScheduler()
-    worker = nc.NixlConnectorWorker(agent, buf.ctypes.data, remote_name, hello["addr"])
+    worker = nc.NixlConnectorWorker(agent, buf.ctypes.data, remote_name, remote_addr)
     sched.update_state_after_alloc(request, [4, 5, 6, 7], 4 * 16)
     meta = sched.build_connector_meta()
     worker.start_load_kv(meta)
