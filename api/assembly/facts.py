@@ -558,13 +558,13 @@ def _endpoint(req: _Request, leg: str, picks: list[RouterPick]) -> Endpoint:
 
 def _join_evidence(req: _Request, primary: str) -> tuple[str, str | None] | None:
     """Which spans of other traces were joined to the primary trace, and on which key."""
+    others = sorted({s.trace_id for s in req.spans} - {primary})
+    if not others:
+        return None
     primary_keys: set[str] = set()
     for span in req.spans:
         if span.trace_id == primary:
             primary_keys.update(span_request_keys(span))
-    others = sorted({s.trace_id for s in req.spans} - {primary})
-    if not others:
-        return None
     notes: list[str] = []
     first_span: str | None = None
     for trace_id in others:

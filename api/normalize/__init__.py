@@ -5,6 +5,7 @@ the legacy GIE EPP, vLLM or railtrace's shims sent it. The names live in `table.
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Any
 
 from railtrace.model import Span
@@ -37,7 +38,13 @@ def normalize_request_id(value: Any) -> str | None:
 
 
 def span_request_keys(span: Span) -> list[str]:
-    """Normalised join keys of one span, strongest first, without duplicates."""
+    """Normalised join keys of one span, strongest first, without duplicates.
+
+    Worked out once per span and kept on it (`Span.join_keys`); callers must not change the
+    list. The attributes of a received span do not change after decoding.
+    """
+    if span.join_keys is not None:
+        return span.join_keys
     keys: list[str] = []
     attrs = span.attributes if isinstance(span.attributes, dict) else {}
     for attr in table.KEY_ATTRIBUTES:
@@ -47,6 +54,7 @@ def span_request_keys(span: Span) -> list[str]:
             key = normalize_request_id(value)
             if key and key not in keys:
                 keys.append(key)
+    span.join_keys = keys
     return keys
 
 
@@ -98,10 +106,15 @@ def _is_sidecar(span: Span) -> bool:
     )
 
 
+def _has_key_prefix(attrs: dict[str, Any], prefix: str) -> bool:
+    """Whether any attribute name starts with `prefix`, looped in C (runs for every span)."""
+    return any(map(str.startswith, attrs, repeat(prefix)))
+
+
 def _generation(span: Span, rule: Rule) -> str:
     scope = span.scope_name or ""
     attrs = span.attributes
-    if scope.startswith(table.RAILTRACE_SCOPE_PREFIX) or any(k.startswith("llm_d.router.") for k in attrs):
+    if scope.startswith(table.RAILTRACE_SCOPE_PREFIX) or _has_key_prefix(attrs, table.ROUTER_SHIM_PREFIX):
         return table.RAILTRACE
     if rule.component in ("epp", "kv_indexer"):
         if scope.startswith(table.GIE_SCOPE_PREFIX):

@@ -152,6 +152,8 @@ SIDECAR_SCOPE = "llm-d-router/pkg/sidecar/proxy"
 OTELHTTP_SCOPE_PREFIX = "go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 GIE_SCOPE_PREFIX = "gateway-api-inference-extension"
 RAILTRACE_SCOPE_PREFIX = "railtrace"
+# Attributes only railtrace's router shim writes: a span carrying one is railtrace-instrumented.
+ROUTER_SHIM_PREFIX = semconv.ROUTER_PROFILE.rsplit(".", 1)[0] + "."
 
 # Outbound client spans of the sidecar (one per leg); their leg comes from the parent.
 HTTP_CLIENT_NAMES: frozenset[str] = frozenset({"HTTP POST", "POST"})

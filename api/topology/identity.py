@@ -7,6 +7,7 @@ span does not say which, the field stays empty and a note says why.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from dataclasses import replace
@@ -28,7 +29,9 @@ def split_address(address: str) -> tuple[str, int | None]:
     return a, None
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_ip(host: str) -> bool:
+    # Cached: a fleet has few endpoint addresses and every assembled request asks about two.
     try:
         ipaddress.ip_address(host)
         return True
