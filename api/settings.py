@@ -29,7 +29,9 @@ class Settings(BaseSettings):
 
     # Assembly.
     quiet_period_s: float = Field(2.0, description="A request is assembled this long after its last span.")
-    assembly_interval_s: float = 0.25
+    assembly_interval_s: float = Field(
+        0.05, description="How often the assembler looks for requests past their quiet period."
+    )
     max_trace_wait_s: float = Field(300.0, description="Assemble even without an ended root after this.")
 
     # Verdicts.

@@ -567,7 +567,8 @@ M_ASSEMBLY_LAG = _metric(
     "llm_d_tracing_assembly_lag_seconds",
     "histogram",
     "From a request's last span arriving to its verdict being stored.",
-    buckets=(0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0),
+    # Fine steps just above the default 2 s quiet period, where a keeping-up service sits.
+    buckets=(0.1, 0.25, 0.5, 1.0, 2.0, 2.1, 2.25, 2.5, 3.0, 5.0, 10.0, 30.0, 60.0),
 )
 M_THROTTLED = _metric(
     "llm_d_tracing_throttled_exports_total",
