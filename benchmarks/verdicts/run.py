@@ -666,11 +666,62 @@ def print_latency(r: dict[str, Any]) -> None:
 # -- memory ----------------------------------------------------------------------------------------
 
 
+def memory_terms(seed: int = 7, n_calls: int = 8) -> dict[str, float]:
+    """Sizes behind the memory formula, measured in this process on the same calls: bytes per
+    accepted-but-uncommitted span (its row), per parsed call, and per span as the assembler
+    holds it (decoded from the store)."""
+    import gc
+    import tracemalloc
+
+    from railtrace.ingest import prepare
+    from railtrace.otlp.decode import parse_protobuf
+    from railtrace.store import Store, make_engine, migrate
+
+    supply = Calls(seed=seed, templates=2)
+    bodies = [supply.next()[0] for _ in range(n_calls)]
+    n = n_calls * SPANS_PER_CALL
+    gc.collect()
+    tracemalloc.start()
+    batches = [prepare(b) for b in bodies]
+    row_bytes = tracemalloc.get_traced_memory()[0] / n
+    tracemalloc.stop()
+    gc.collect()
+    before = rss_mb(os.getpid())
+    parsed = [parse_protobuf(b) for b in bodies]
+    parse_mb = (rss_mb(os.getpid()) - before) / n_calls
+    del parsed
+    database = Database("sqlite")
+    try:
+        engine = make_engine(database.url)
+        migrate(engine)
+        store = Store(engine)
+        store.insert_batches(batches)
+        tids = {r[0] for b in batches for r in b.spans}
+        del batches
+        gc.collect()
+        tracemalloc.start()
+        spans = store.load_spans(tids, normalize=False)
+        decoded_bytes = tracemalloc.get_traced_memory()[0] / len(spans)
+        tracemalloc.stop()
+        del spans
+        engine.dispose()
+    finally:
+        database.drop()
+    return {
+        "body_mb_per_call": sum(map(len, bodies)) / n_calls / 2**20,
+        "parse_mb_per_call": parse_mb,
+        "row_kb_per_pending_span": row_bytes / 1024,
+        "decoded_kb_per_assembled_span": decoded_bytes / 1024,
+    }
+
+
 def memory_run(db: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     """Flat-out ingest with the long assembly window; RSS every second, then while draining."""
+    terms = memory_terms()
     calls = Calls(seed=seed)
     database = Database(db)
     samples: list[dict[str, Any]] = []
+    db_mb = None
     try:
         with serve_process(database.url, database.tmp, args.quiet_period) as (proc, base):
             metrics = httpx.Client(base_url=base, timeout=30)
@@ -745,6 +796,8 @@ def memory_run(db: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
             final = scrape(metrics)
             metrics.close()
             hwm = status_mb(proc.pid).get("VmHWM", 0.0)
+            if db == "sqlite":
+                db_mb = sum(f.stat().st_size for f in database.tmp.glob("bench.db*")) / 2**20
     finally:
         database.drop()
     during = [s for s in samples if s["phase"] == "load"]
@@ -778,6 +831,8 @@ def memory_run(db: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
         "requests_counted_at_end": final["requests"],
         "requests_sent": sent,
         "server_cpu_s_load": load_cpu,
+        "database_mb_at_end": db_mb,
+        "formula": formula(idle.get("VmRSS", 0.0), max(col(samples, "queue"), default=0.0), args, terms),
         "load_end": load(),
         "samples": samples,
     }
@@ -790,7 +845,36 @@ def memory_run(db: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
         f" {res['max_pending_traces']}, max queued spans {res['max_queue_spans']},"
         f" max SQLite connections {res['max_sqlite_connections']}; load {res['load_end']}"
     )
+    f = res["formula"]
+    print(
+        f"  formula with these inputs: base {f['base_mb']:.0f} + pending spans {f['pending_spans_mb']:.1f}"
+        f" + receivers in flight {f['receivers_in_flight_mb']:.1f}"
+        f" + assembly batch {f['assembly_batch_mb']:.1f}"
+        f" = {f['predicted_mb']:.0f} MB (row {f['row_kb_per_pending_span']:.2f} KB/span, decoded"
+        f" {f['decoded_kb_per_assembled_span']:.2f} KB/span, parse {f['parse_mb_per_call']:.2f} MB/call);"
+        f" database {res['database_mb_at_end'] or 0:.0f} MB at the end"
+    )
     return res
+
+
+def formula(base: float, queue: float, args: argparse.Namespace, terms: dict[str, float]) -> dict[str, float]:
+    """docs/performance.md's memory formula with this run's measured inputs, term by term, plus
+    the SQLite page cache it leaves out (`cache_size` per pooled connection, an upper bound)."""
+    try:
+        from railtrace.ingest.assembler import FULL_BATCH
+    except ImportError:
+        FULL_BATCH = 500
+    out = {
+        "base_mb": base,
+        "pending_spans_mb": queue * terms["row_kb_per_pending_span"] / 1024,
+        "receivers_in_flight_mb": args.clients * (terms["body_mb_per_call"] + terms["parse_mb_per_call"]),
+        "assembly_batch_mb": FULL_BATCH * SPANS_PER_TRACE * terms["decoded_kb_per_assembled_span"] / 1024,
+        **terms,
+    }
+    out["predicted_mb"] = (
+        base + out["pending_spans_mb"] + out["receivers_in_flight_mb"] + out["assembly_batch_mb"]
+    )
+    return out
 
 
 # -- the run ---------------------------------------------------------------------------------------
