@@ -1,156 +1,65 @@
 """Scale benchmark: query latency through HTTP over a large history, storage per span, memory.
 
-    .venv/bin/python benchmarks/scale/run.py --db sqlite --requests 25000
-    .venv/bin/python benchmarks/scale/run.py --db postgresql --requests 1250000   # ~10M spans
+    .venv/bin/python benchmarks/scale/run.py --db both --requests 10000                 # ~250k spans, HTTP
+    .venv/bin/python benchmarks/scale/run.py --db both --requests 400000 --load bulk    # ~10M spans
 
 Load: the simulator's default traffic mix (every scenario, its injected faults, the real
 shims and OTel SDK) is captured once for `--base` requests, then replayed as many times as
 `--requests` asks. Each copy gets its own trace ids, span ids and request ids (same lengths,
 so the protobuf stays valid) and is shifted in time so the whole history spans one day
-ending now. Every copy goes through the real ingest path: OTLP/HTTP protobuf into `railtrace
-serve` (its own process), group commit, then assembly and verdicts against the simulated
-fleet's topology. The clock for queries starts once every request is assembled.
+ending now. `--load http` sends every copy through OTLP/HTTP protobuf into `railtrace serve`
+(its own process): group commit, then assembly and verdicts against the simulated fleet's
+topology. `--load bulk` puts the same export-call bytes through the same code without HTTP
+(`bulk.py`: the receiver's `prepare` and the writer's `Store.insert_batches` in worker
+processes, the real `Assembler.run_once` in `--assemblers` processes), which builds the same
+database (`tests/scale/test_bulk_load.py`) several times faster.
 
-Queries (HTTP, one client, keep-alive), each repeated `--queries` times on random requests:
-request detail, trace, the flagged list filtered by flag + node + a one-hour window (first
-page of 100, and page `--depth` reached by following cursors), stats by flag over one hour
-and over one day. Reported: p50, p99 and max per query. Also storage bytes per span (SQLite
-file with its WAL; PostgreSQL relation sizes with indexes and TOAST) and the server's peak
-RSS. Not a test: figures depend on the machine.
+At each `--checkpoints` share of the load (once every trace is assembled) it measures storage
+and the queries through HTTP against `railtrace serve` on the database (one client,
+keep-alive): request detail and trace on random requests, the flagged list filtered by flag +
+node + one hour at several page depths (keyset cursors followed from page 1, then each depth's
+page fetched again), stats by flag over one hour and one day. Reported: p50, p99 and max per
+query, bytes per span (SQLite file with its WAL; PostgreSQL relation sizes with indexes and
+TOAST) and peak RSS. Not a test: figures depend on the machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
+import sqlite3
 import statistics
+import subprocess
 import sys
-import threading
 import time
-from collections.abc import Sequence
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from sqlalchemy import create_engine, func, select, text
+from sqlalchemy import create_engine, select, text
 
-ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks" / "ingest"))
+sys.path.insert(0, str(HERE))
+from bulk import BulkLoad, CopyPlan, dirty_count  # noqa: E402
 from harness import post_all, rss_mb, serve_process  # noqa: E402
-from run import Database  # noqa: E402
+from traffic import _retag, capture, copy_calls  # noqa: E402
 
-from railtrace.simulator import Emitter, Processes, build_fleet, resolve, simulate  # noqa: E402
+from railtrace.store import make_engine  # noqa: E402
 from railtrace.store.schema import requests as requests_table  # noqa: E402
-from railtrace.store.schema import traces as traces_table  # noqa: E402
+
+sys.path.remove(str(HERE))
+from run import Database  # noqa: E402  (benchmarks/ingest/run.py)
 
 DAY_NS = 86_400 * 10**9
 HOUR_NS = 3_600 * 10**9
-SPANS_PER_CALL = 512
-
-
-class _Capture(SpanExporter):
-    def __init__(self) -> None:
-        self.spans: list[ReadableSpan] = []
-        self.lock = threading.Lock()
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        with self.lock:
-            self.spans.extend(spans)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        pass
-
-
-def capture(topo_dir: Path, base: int, seed: int) -> tuple[list[bytes], list[str], int]:
-    """The base traffic as export calls of up to 512 spans, its request ids, and its length in ns."""
-    scenarios = resolve(None)
-    fleet = build_fleet("a3-ultra", scenarios, seed)
-    fleet.write(topo_dir)
-    runs = simulate(fleet, scenarios, base, seed)
-    sink = _Capture()
-    procs = Processes(lambda: sink, seed)
-    length_ns = int((max(r.end for r in runs) + 1.0) * 1e9)
-    emitter = Emitter(fleet, procs, "current", 0)
-    for r in runs:
-        emitter.emit(r)
-    procs.flush()
-    procs.shutdown()
-    spans = sink.spans
-    calls = [
-        encode_spans(spans[i : i + SPANS_PER_CALL]).SerializeToString() for i in range(0, len(spans), 512)
-    ]
-    return calls, [r.request_id for r in runs], length_ns
-
-
-def copy_calls(calls: list[bytes], rids: list[str], k: int, shift_ns: int) -> list[bytes]:
-    """Copy k of the base calls: ids made unique to the copy, times shifted by `shift_ns`."""
-    salt = ((k + 1) * 0x9E3779B97F4A7C15) & (2**64 - 1)
-    tag = f"{k:08x}"
-    out = []
-    for raw in calls:
-        req = ExportTraceServiceRequest.FromString(raw)
-        for rs in req.resource_spans:
-            for ss in rs.scope_spans:
-                for s in ss.spans:
-                    s.trace_id = (int.from_bytes(s.trace_id, "big") ^ (salt << 64)).to_bytes(16, "big")
-                    s.span_id = (int.from_bytes(s.span_id, "big") ^ salt).to_bytes(8, "big")
-                    if s.parent_span_id:
-                        s.parent_span_id = (int.from_bytes(s.parent_span_id, "big") ^ salt).to_bytes(8, "big")
-                    s.start_time_unix_nano += shift_ns
-                    s.end_time_unix_nano += shift_ns
-                    for e in s.events:
-                        e.time_unix_nano += shift_ns
-                    for kv in s.attributes:
-                        v = kv.value
-                        if v.HasField("string_value"):
-                            v.string_value = _retag(v.string_value, rids, tag)
-                        elif v.HasField("array_value"):
-                            for item in v.array_value.values:
-                                if item.HasField("string_value"):
-                                    item.string_value = _retag(item.string_value, rids, tag)
-        out.append(req.SerializeToString())
-    return out
-
-
-def _retag(value: str, rids: Sequence[str], tag: str) -> str:
-    """Request ids (UUIDs) inside a value get the copy's tag as their first 8 hex digits."""
-    if len(value) < 36 or "-" not in value:
-        return value
-    for rid in _rid_index(rids).get(_probe(value), ()):
-        if rid in value:
-            return value.replace(rid, tag + rid[8:])
-    return value
-
-
-_RID_INDEX: dict[int, dict[str, list[str]]] = {}
-
-
-def _rid_index(rids: Sequence[str]) -> dict[str, list[str]]:
-    index = _RID_INDEX.get(id(rids))
-    if index is None:
-        index = {}
-        for rid in rids:
-            index.setdefault(rid[9:13], []).append(rid)
-        _RID_INDEX[id(rids)] = index
-    return index
-
-
-def _probe(value: str) -> str:
-    """The UUID's second group, found wherever the id sits in the value."""
-    at = value.find("-")
-    while at >= 0:
-        if at >= 8 and len(value) >= at + 28 and value[at + 5] == "-":
-            return value[at + 1 : at + 5]
-        at = value.find("-", at + 1)
-    return ""
+PAGE = 100
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:
@@ -175,6 +84,7 @@ def storage(db: Database, spans: int) -> dict[str, float]:
     if db.kind == "sqlite":
         files = list(db.tmp.glob("bench.db*"))
         total = sum(f.stat().st_size for f in files)
+        main = (db.tmp / "bench.db").stat().st_size
     else:
         engine = create_engine(db.url)
         with engine.connect() as conn:
@@ -186,141 +96,299 @@ def storage(db: Database, spans: int) -> dict[str, float]:
                 )
             ).scalar_one()
         engine.dispose()
-    return {"bytes_total": float(total), "bytes_per_span": float(total) / spans}
+        main = total
+    return {
+        "bytes_total": float(total),
+        "bytes_per_span": float(total) / spans,
+        "bytes_per_span_without_wal": float(main) / spans,
+    }
 
 
-def run(args: argparse.Namespace, kind: str) -> dict[str, Any]:
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def versions(db_url: str) -> dict[str, str]:
+    out = {"python": platform.python_version(), "sqlite": sqlite3.sqlite_version}
+    out["railtrace_commit"] = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    if db_url.startswith("postgresql"):
+        engine = create_engine(db_url)
+        with engine.connect() as conn:
+            out["postgresql"] = str(conn.execute(text("SHOW server_version")).scalar_one())
+        engine.dispose()
+    return out
+
+
+def run(args: argparse.Namespace, kind: str, save: Any = lambda out: None) -> dict[str, Any]:
     database = Database(kind)
     topo = database.tmp / "topology"
     calls, rids, length_ns = capture(topo, args.base, args.seed)
-    base_spans = sum(
-        len(s.spans)
-        for c in calls
-        for rs in ExportTraceServiceRequest.FromString(c).resource_spans
-        for s in rs.scope_spans
-    )
+    plan = CopyPlan(calls, lambda value, tag: _retag(value, rids, tag))
+    for k in (0, 1):  # the byte-patched copies are the replay's copies, exactly
+        if plan.copy(k, k * 10**9) != copy_calls(calls, rids, k, k * 10**9):
+            raise AssertionError("CopyPlan differs from copy_calls")
     copies = max(1, round(args.requests / args.base))
     now = time.time_ns()
     start = now - DAY_NS
     step = max(length_ns, (DAY_NS - length_ns) // copies)
-    out: dict[str, Any] = {"db": kind, "requests": copies * args.base, "spans": copies * base_spans}
+    shifts = [start + k * step for k in range(copies)]
+    marks = sorted({max(1, round(copies * p / 100)) for p in args.checkpoints} | {copies})
+    out: dict[str, Any] = {
+        "db": kind,
+        "load": args.load,
+        "requests": copies * args.base,
+        "spans": copies * plan.spans,
+        "versions": versions(database.url),
+        "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "uptime_at_start": uptime(),
+        "checkpoints": [],
+    }
+    print(f"{kind}: {copies} copies of {plan.spans:,} spans, checkpoints at {marks} copies", flush=True)
+    env = {"RAILTRACE_TOPOLOGY": json.dumps([str(topo)])}
+    t0 = time.perf_counter()
     try:
-        env = {"RAILTRACE_TOPOLOGY": json.dumps([str(topo)])}
-        with serve_process(database.url, database.tmp, args.quiet_period, env) as (proc, base_url):
-            t0 = time.perf_counter()
-            sent = 0
-            for k in range(copies):
-                batch = copy_calls(calls, rids, k, start + k * step)
-                post_all(base_url, batch, args.clients)
-                sent += len(batch)
-                if (k + 1) % max(1, copies // 20) == 0:
-                    print(
-                        f"  {kind}: {k + 1}/{copies} copies sent ({(k + 1) * base_spans:,} spans, "
-                        f"{time.perf_counter() - t0:.0f} s, RSS {rss_mb(proc.pid):.0f} MB)",
-                        flush=True,
-                    )
-            out["ingest_s"] = time.perf_counter() - t0
-            engine = create_engine(database.url)
-            while True:
-                with engine.connect() as conn:
-                    dirty = conn.execute(
-                        select(func.count()).select_from(traces_table).where(traces_table.c.dirty.is_(True))
-                    ).scalar_one()
-                if dirty == 0:
-                    break
-                time.sleep(1)
-            out["assembled_s"] = time.perf_counter() - t0
-            with engine.connect() as conn:
-                ids = [r[0] for r in conn.execute(select(requests_table.c.trace_id))]
-                flag_node = conn.execute(
-                    text(
-                        "SELECT f.flag, r.decode_node, count(*) FROM request_flags f JOIN requests r "
-                        "ON r.trace_id = f.trace_id WHERE r.decode_node IS NOT NULL "
-                        "GROUP BY f.flag, r.decode_node ORDER BY count(*) DESC LIMIT 1"
-                    )
-                ).first()
-                flagged = conn.execute(
-                    text("SELECT count(DISTINCT trace_id) FROM request_flags")
-                ).scalar_one()
-            engine.dispose()
-            out["requests_stored"] = len(ids)
-            if len(ids) < out["requests"]:
-                print(f"  warning: {len(ids)} request rows for {out['requests']} requests sent", flush=True)
-            out["flagged_share"] = flagged / max(1, len(ids))
-            out["peak_rss_mb"] = rss_mb(proc.pid, peak=True)
-            out["storage"] = storage(database, out["spans"])
-            out["queries"] = queries(base_url, ids, flag_node, now, args)
+        if args.load == "http":
+            with serve_process(database.url, database.tmp, args.quiet_period, env) as (proc, base_url):
+                engine = make_engine(database.url)
+                done = 0
+                for mark in marks:
+                    for k in range(done, mark):
+                        post_all(base_url, plan.copy(k, shifts[k]), args.clients)
+                        if (k + 1) % max(1, copies // 20) == 0:
+                            el = time.perf_counter() - t0
+                            print(
+                                f"  {kind}: {k + 1}/{copies} copies sent ({(k + 1) * plan.spans:,} spans, "
+                                f"{el:.0f} s, ETA {el / (k + 1) * (copies - k - 1):.0f} s, "
+                                f"RSS {rss_mb(proc.pid):.0f} MB, load {os.getloadavg()[0]:.1f})",
+                                flush=True,
+                            )
+                    done = mark
+                    while dirty_count(engine) > 0:
+                        time.sleep(1)
+                    cp = checkpoint(args, database, base_url, mark, plan.spans, args.base, now, t0)
+                    cp["peak_rss_mb"] = rss_mb(proc.pid, peak=True)
+                    out["checkpoints"].append(cp)
+                    save(out)
+                engine.dispose()
+        else:
+            loader = BulkLoad(
+                database.url,
+                topo,
+                plan,
+                workers=args.workers,
+                assemblers=args.assemblers,
+                quiet_period_s=args.quiet_period,
+            )
+            try:
+                done = 0
+                for mark in marks:
+                    loader.load([(k, shifts[k]) for k in range(done, mark)], copies, kind)
+                    done = mark
+                    load_s = time.perf_counter() - t0
+                    with serve_process(database.url, database.tmp, args.quiet_period, env) as served:
+                        proc, base_url = served
+                        cp = checkpoint(args, database, base_url, mark, plan.spans, args.base, now, t0)
+                        cp["server_peak_rss_mb"] = rss_mb(proc.pid, peak=True)
+                    cp["load_s"] = load_s
+                    cp["load_peak_rss_mb"] = loader.peak_rss_mb
+                    cp["duplicates"] = loader.duplicates
+                    cp["vacuum_analyze_runs"] = loader.vacuums
+                    out["checkpoints"].append(cp)
+                    save(out)
+            finally:
+                loader.close()
     finally:
-        database.drop()
+        if args.keep_db:
+            print(f"  kept: {database.url}", flush=True)
+        else:
+            database.drop()
+    out["finished_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     return out
 
 
-def queries(base: str, ids: list[str], flag_node: Any, now: int, args: argparse.Namespace) -> dict[str, Any]:
+def checkpoint(
+    args: argparse.Namespace,
+    database: Database,
+    base_url: str,
+    copies: int,
+    spans_per_copy: int,
+    requests_per_copy: int,
+    now: int,
+    t0: float,
+) -> dict[str, Any]:
+    spans = copies * spans_per_copy
+    engine = create_engine(database.url)
+    with engine.connect() as conn:
+        stored_spans = conn.execute(text("SELECT count(*) FROM spans")).scalar_one()
+        ids = [r[0] for r in conn.execute(select(requests_table.c.trace_id))]
+        flagged = conn.execute(text("SELECT count(DISTINCT trace_id) FROM request_flags")).scalar_one()
+        rows = conn.execute(
+            text(
+                "SELECT f.flag, f.start_ns, r.prefill_node, r.decode_node FROM request_flags f "
+                "JOIN requests r ON r.trace_id = f.trace_id"
+            )
+        ).all()
+    engine.dispose()
+    cp: dict[str, Any] = {
+        "copies": copies,
+        "spans": spans,
+        "spans_stored": stored_spans,
+        "requests_sent": copies * requests_per_copy,
+        "requests_stored": len(ids),
+        "flagged_share": flagged / max(1, len(ids)),
+        "elapsed_s": time.perf_counter() - t0,
+        "utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "uptime": uptime(),
+        "storage": storage(database, spans),
+    }
+    if stored_spans != spans:
+        print(f"  warning: {stored_spans} spans stored for {spans} sent", flush=True)
+    # The flag + node filter: the pair with the most requests in a one-hour window (node matches
+    # either side, as the API's `node` filter does), windows aligned on `now`.
+    per_hour: Counter[tuple[str, str, int]] = Counter()
+    for flag, start_ns, pnode, dnode in rows:
+        hour = (now - start_ns) // HOUR_NS
+        for node in {pnode, dnode} - {None}:
+            per_hour[(flag, node, hour)] += 1
+    cp["queries"] = queries(base_url, ids, per_hour, now, args)
+    print(
+        f"  checkpoint {copies} copies ({spans:,} spans, {len(ids):,} requests): "
+        f"{cp['storage']['bytes_per_span']:.0f} bytes/span, {cp['uptime']}",
+        flush=True,
+    )
+    for q, p in cp["queries"].items():
+        if isinstance(p, dict) and "p50_ms" in p:
+            print(f"    {q}: p50 {p['p50_ms']:.1f} ms, p99 {p['p99_ms']:.1f} ms, max {p['max_ms']:.1f} ms")
+    return cp
+
+
+def iso(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, UTC).isoformat()
+
+
+def with_cursor(params: dict[str, Any], cursor: str | None) -> dict[str, Any]:
+    return {**params, "cursor": cursor} if cursor else params
+
+
+def queries(
+    base: str, ids: list[str], per_hour: Counter[tuple[str, str, int]], now: int, args: argparse.Namespace
+) -> dict[str, Any]:
     rng = random.Random(args.seed)
     res: dict[str, list[float]] = {}
-    flag, node = (flag_node[0], flag_node[1]) if flag_node else (None, None)
-    iso = lambda ns: datetime.fromtimestamp(ns / 1e9, UTC).isoformat()  # noqa: E731
-    with httpx.Client(base_url=base, timeout=60) as client:
+    out: dict[str, Any] = {}
+    with httpx.Client(base_url=base, timeout=120) as client:
+        timed(client, "/api/v1/stats", {"group_by": "flag", "since": iso(now - HOUR_NS)})  # warm the route
         for _ in range(args.queries):
             tid = rng.choice(ids)
             res.setdefault("request detail", []).append(timed(client, f"/api/v1/requests/{tid}")[0])
             res.setdefault("trace", []).append(timed(client, f"/api/v1/traces/{tid}")[0])
-            if flag:
-                hour_end = now - rng.randrange(0, 23) * HOUR_NS
+        if per_hour:
+            pairs: Counter[tuple[str, str]] = Counter()
+            for (flag, node, _), n in per_hour.items():
+                pairs[(flag, node)] = max(pairs[(flag, node)], n)
+            (flag, node), _ = pairs.most_common(1)[0]
+            hours = sorted(
+                (h for (f, n, h), c in per_hour.items() if (f, n) == (flag, node) and 0 <= h < 24),
+                key=lambda h: -per_hour[(flag, node, h)],
+            )[: args.list_hours]
+            out["list filter"] = {
+                "flag": flag,
+                "node": node,
+                "requests_in_hours": [per_hour[(flag, node, h)] for h in hours],
+            }
+            # Walk each hour's pages once, keeping the cursor of every depth asked for.
+            cursors: dict[int, list[tuple[dict[str, Any], str | None]]] = {}
+            for h in hours:
                 params = {
                     "flag": flag,
                     "node": node,
-                    "since": iso(hour_end - HOUR_NS),
-                    "until": iso(hour_end),
-                    "limit": 100,
+                    "since": iso(now - (h + 1) * HOUR_NS),
+                    "until": iso(now - h * HOUR_NS),
+                    "limit": PAGE,
                 }
-                el, page = timed(client, "/api/v1/requests", params)
-                res.setdefault("flag+node+1h list, first page", []).append(el)
-                depth = 0
-                while page.get("next_cursor") and depth < args.depth:
-                    el, page = timed(client, "/api/v1/requests", {**params, "cursor": page["next_cursor"]})
+                cursor: str | None = None
+                depth = 1
+                ended = False
+                while depth <= max(args.depths):
+                    if depth in args.depths:
+                        cursors.setdefault(depth, []).append((params, cursor))
+                    _, page = timed(client, "/api/v1/requests", with_cursor(params, cursor))
+                    if not page.get("next_cursor"):
+                        ended = True
+                        break
+                    cursor = page["next_cursor"]
                     depth += 1
-                if depth:
-                    res.setdefault(f"flag+node+1h list, deep page (up to {args.depth})", []).append(el)
-        for _ in range(max(5, args.queries // 10)):
+                if ended and h == hours[0] and depth not in cursors:  # the deepest page the data allows
+                    cursors[depth] = [(params, cursor)]
+            for depth in sorted(cursors):
+                got = cursors[depth]
+                for i in range(args.list_queries):
+                    params, cursor = got[i % len(got)]
+                    el, page = timed(client, "/api/v1/requests", with_cursor(params, cursor))
+                    res.setdefault(f"flag+node+1h list, page {depth}", []).append(el)
+                    if not page.get("items"):
+                        raise AssertionError(f"page {depth} is empty")
+            out["list filter"]["deepest_page"] = max(cursors) if cursors else 0
+        for _ in range(args.stats_queries):
             res.setdefault("stats by flag, 1 hour", []).append(
                 timed(client, "/api/v1/stats", {"group_by": "flag", "since": iso(now - HOUR_NS)})[0]
             )
             res.setdefault("stats by flag, 1 day", []).append(
                 timed(client, "/api/v1/stats", {"group_by": "flag", "since": iso(now - DAY_NS)})[0]
             )
-    return {k: percentiles(v) for k, v in res.items()}
+    out.update({k: percentiles(v) for k, v in res.items()})
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", choices=["sqlite", "postgresql", "both"], default="both")
+    ap.add_argument("--load", choices=["http", "bulk"], default="http")
     ap.add_argument("--requests", type=int, default=25_000)
     ap.add_argument("--base", type=int, default=500, help="simulated requests captured once and replayed")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--clients", type=int, default=4)
-    ap.add_argument("--queries", type=int, default=300)
-    ap.add_argument("--depth", type=int, default=10, help="pages followed for the deep-page figure")
+    ap.add_argument("--clients", type=int, default=4, help="--load http: client threads")
+    ap.add_argument("--workers", type=int, default=1, help="--load bulk: insert processes")
+    ap.add_argument("--assemblers", type=int, default=2, help="--load bulk: assembler processes")
+    ap.add_argument("--checkpoints", default="100", help="percent of the load after which to measure")
+    ap.add_argument("--queries", type=int, default=300, help="detail and trace queries per checkpoint")
+    ap.add_argument("--depths", default="1,10,50,100", help="list pages measured (as deep as data allows)")
+    ap.add_argument("--list-hours", type=int, default=6, help="one-hour windows the list queries use")
+    ap.add_argument("--list-queries", type=int, default=200, help="list queries per depth")
+    ap.add_argument("--stats-queries", type=int, default=30)
     ap.add_argument("--quiet-period", type=float, default=2.0)
+    ap.add_argument("--keep-db", action="store_true", help="do not drop the database at the end")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    args.checkpoints = [float(p) for p in args.checkpoints.split(",")]
+    args.depths = sorted({int(d) for d in args.depths.split(",")})
     kinds = ["sqlite", "postgresql"] if args.db == "both" else [args.db]
     results = []
     for kind in kinds:
-        r = run(args, kind)
-        results.append(r)
-        print(json.dumps(r, indent=2), flush=True)
-    meta = {"python": platform.python_version(), "utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
-    for r in results:
-        print(
-            f"\n{r['db']}: {r['requests']:,} requests, {r['spans']:,} spans, "
-            f"{r['storage']['bytes_per_span']:.0f} bytes/span, peak RSS {r['peak_rss_mb']:.0f} MB"
-        )
-        print("| query | p50 ms | p99 ms | max ms |\n|---|---:|---:|---:|")
-        for q, p in r["queries"].items():
-            print(f"| {q} | {p['p50_ms']:.1f} | {p['p99_ms']:.1f} | {p['max_ms']:.1f} |")
+
+        def save(out: dict[str, Any]) -> None:
+            if args.json:
+                args.json.write_text(json.dumps({"command": sys.argv, "results": [*results, out]}, indent=2))
+
+        results.append(run(args, kind, save))
     if args.json:
-        args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+        args.json.write_text(json.dumps({"command": sys.argv, "results": results}, indent=2))
+    for r in results:
+        print(f"\n{r['db']} ({r['load']}): {r['requests']:,} requests, {r['spans']:,} spans, {r['versions']}")
+        for cp in r["checkpoints"]:
+            print(
+                f"\n{cp['spans']:,} spans ({cp['requests_stored']:,} requests stored), "
+                f"{cp['storage']['bytes_per_span']:.0f} bytes/span, at {cp['utc']} UTC; {cp['uptime']}"
+            )
+            print("| query | p50 ms | p99 ms | max ms | n |\n|---|---:|---:|---:|---:|")
+            for q, p in cp["queries"].items():
+                if isinstance(p, dict) and "p50_ms" in p:
+                    cells = f"{p['p50_ms']:.1f} | {p['p99_ms']:.1f} | {p['max_ms']:.1f} | {p['n']:.0f}"
+                    print(f"| {q} | {cells} |")
+            if "list filter" in cp["queries"]:
+                print(f"list filter: {cp['queries']['list filter']}")
     return 0
 
 
