@@ -113,6 +113,10 @@ def versions(db_url: str) -> dict[str, str]:
     out["railtrace_commit"] = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
+    changed = subprocess.run(
+        ["git", "status", "--short", "--", "api"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
+    out["uncommitted_service_files"] = ", ".join(changed[1::2])
     if db_url.startswith("postgresql"):
         engine = create_engine(db_url)
         with engine.connect() as conn:
@@ -145,7 +149,11 @@ def run(args: argparse.Namespace, kind: str, save: Any = lambda out: None) -> di
         "uptime_at_start": uptime(),
         "checkpoints": [],
     }
-    print(f"{kind}: {copies} copies of {plan.spans:,} spans, checkpoints at {marks} copies", flush=True)
+    print(
+        f"{kind}: {copies} copies of {plan.spans:,} spans, checkpoints at {marks} copies; "
+        f"database {database.url}, topology {topo}",
+        flush=True,
+    )
     env = {"RAILTRACE_TOPOLOGY": json.dumps([str(topo)])}
     t0 = time.perf_counter()
     try:
