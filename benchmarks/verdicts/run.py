@@ -847,34 +847,46 @@ def memory_run(db: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     )
     f = res["formula"]
     print(
-        f"  formula with these inputs: base {f['base_mb']:.0f} + pending spans {f['pending_spans_mb']:.1f}"
-        f" + receivers in flight {f['receivers_in_flight_mb']:.1f}"
-        f" + assembly batch {f['assembly_batch_mb']:.1f}"
-        f" = {f['predicted_mb']:.0f} MB (row {f['row_kb_per_pending_span']:.2f} KB/span, decoded"
-        f" {f['decoded_kb_per_assembled_span']:.2f} KB/span, parse {f['parse_mb_per_call']:.2f} MB/call);"
+        f"  formula with these inputs: base {f['base_mb']:.0f} + queued rows {f['pending_rows_mb']:.1f}"
+        f" + bodies held {f['bodies_held_mb']:.1f} (+ parses <= {f['parses_at_most_mb']:.1f})"
+        f" + assembly batch {f['assembly_batch_mb']:.1f} = {f['predicted_mb']:.0f}"
+        f"-{f['predicted_with_parses_mb']:.0f} MB;"
+        f" as docs/performance.md writes it {f['doc_predicted_mb']:.0f} MB"
+        f" (row {f['row_kb_per_pending_span']:.2f} KB/span, decoded {f['decoded_kb_per_assembled_span']:.2f}"
+        f" KB/span, body {f['body_mb_per_call']:.2f} MB and parse {f['parse_mb_per_call']:.2f} MB per call);"
         f" database {res['database_mb_at_end'] or 0:.0f} MB at the end"
     )
     return res
 
 
 def formula(base: float, queue: float, args: argparse.Namespace, terms: dict[str, float]) -> dict[str, float]:
-    """docs/performance.md's memory formula with this run's measured inputs, term by term, plus
-    the SQLite page cache it leaves out (`cache_size` per pooled connection, an upper bound)."""
+    """The memory formula term by term with this run's measured inputs: as docs/performance.md
+    writes it (receivers: at most AnyIO's 40 threads, each with one body and its parse), and as
+    the code holds memory (every export awaiting its commit keeps its body twice -- the bytearray
+    it was read into and the bytes copy -- next to its rows in the writer's queue; parses are
+    transient, at most one per worker thread)."""
     try:
         from railtrace.ingest.assembler import FULL_BATCH
     except ImportError:
         FULL_BATCH = 500
-    out = {
+    threads = min(args.clients, 40)
+    rows = queue * terms["row_kb_per_pending_span"] / 1024
+    batch = FULL_BATCH * SPANS_PER_TRACE * terms["decoded_kb_per_assembled_span"] / 1024
+    doc_receivers = threads * (terms["body_mb_per_call"] + terms["parse_mb_per_call"])
+    bodies = args.clients * 2 * terms["body_mb_per_call"]
+    parses = threads * terms["parse_mb_per_call"]
+    return {
         "base_mb": base,
-        "pending_spans_mb": queue * terms["row_kb_per_pending_span"] / 1024,
-        "receivers_in_flight_mb": args.clients * (terms["body_mb_per_call"] + terms["parse_mb_per_call"]),
-        "assembly_batch_mb": FULL_BATCH * SPANS_PER_TRACE * terms["decoded_kb_per_assembled_span"] / 1024,
+        "pending_rows_mb": rows,
+        "assembly_batch_mb": batch,
+        "doc_receivers_in_flight_mb": doc_receivers,
+        "doc_predicted_mb": base + rows + doc_receivers + batch,
+        "bodies_held_mb": bodies,
+        "parses_at_most_mb": parses,
+        "predicted_mb": base + rows + bodies + batch,
+        "predicted_with_parses_mb": base + rows + bodies + parses + batch,
         **terms,
     }
-    out["predicted_mb"] = (
-        base + out["pending_spans_mb"] + out["receivers_in_flight_mb"] + out["assembly_batch_mb"]
-    )
-    return out
 
 
 # -- the run ---------------------------------------------------------------------------------------
