@@ -987,7 +987,7 @@ def main() -> int:
             calib = {"spans_per_s": args.rate, "given": True} if args.rate else max_rate(db, args, seed)
             rate = args.fraction * calib["spans_per_s"]
             runs.append({**started, "max_rate": calib, **latency_run(db, args, rate, seed + 100)})
-    out = {"meta": info, "args": {k: str(v) for k, v in vars(args).items()}, "runs": runs}
+    out = {"meta": info, "args": {k: str(v) for k, v in vars(args).items() if k != "json"}, "runs": runs}
     if not args.memory:
         for db in dbs:
             rs = [r for r in runs if r["db"] == db]
