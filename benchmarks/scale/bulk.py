@@ -255,13 +255,21 @@ def _assembler_main(db_url: str, topo: str, quiet: float, stop: Any) -> None:
 _WORKER: dict[str, Any] = {}
 
 
-def _worker_init(db_url: str, plan: CopyPlan) -> None:
+def _worker_init(db_url: str, plan: CopyPlan, halt: Any, max_backlog: int) -> None:
     _WORKER["inserter"] = Inserter(db_url)
     _WORKER["plan"] = plan
+    _WORKER["halt"] = halt
+    _WORKER["max_backlog"] = max_backlog
 
 
 def _worker_copy(job: tuple[int, int]) -> tuple[int, int, int]:
     k, shift = job
+    if _WORKER["halt"].is_set():  # past the deadline: copies not started are skipped
+        return k, 0, 0
+    # Insert no further ahead of assembly than `max_backlog` traces, as a server that keeps up
+    # would; a deadline then never leaves a long tail of assembly behind it.
+    while dirty_count(_WORKER["inserter"].engine) > _WORKER["max_backlog"] and not _WORKER["halt"].is_set():
+        time.sleep(0.5)
     inserted, dup = _WORKER["inserter"].insert(_WORKER["plan"].copy(k, shift))
     return k, inserted, dup
 
@@ -330,6 +338,7 @@ class BulkLoad:
         quiet_period_s: float,
         start_method: str = "spawn",
         vacuum_every_s: float = 60.0,
+        max_backlog: int = 10_000,
     ) -> None:
         from railtrace.store import make_engine
 
@@ -343,7 +352,10 @@ class BulkLoad:
         ]
         for p in self.assemblers:
             p.start()
-        self.pool = self.ctx.Pool(workers, initializer=_worker_init, initargs=(db_url, plan))
+        self.halt = self.ctx.Event()
+        self.pool = self.ctx.Pool(
+            workers, initializer=_worker_init, initargs=(db_url, plan, self.halt, max_backlog)
+        )
         self.engine = make_engine(db_url)
         self.vacuum = autovacuum_off(self.engine)
         self.vacuum_every_s = vacuum_every_s
@@ -359,11 +371,25 @@ class BulkLoad:
         return [os.getpid(), *kids]
 
     def load(
-        self, jobs: Sequence[tuple[int, int]], total_copies: int, label: str, report_every: float = 0.05
-    ) -> None:
-        """Insert these copies, then wait until every trace is assembled; progress every few %."""
+        self,
+        jobs: Sequence[tuple[int, int]],
+        total_copies: int,
+        label: str,
+        report_every: float = 0.05,
+        deadline: float | None = None,
+    ) -> bool:
+        """Insert these copies, then wait until every trace is assembled; progress every few %.
+        Past `deadline` (epoch seconds) copies not yet started are skipped; returns False then.
+        With one worker the copies go in order, so the ones loaded are always the first ones."""
         step = max(1, int(total_copies * report_every))
+        complete = True
         for _, inserted, dup in self.pool.imap_unordered(_worker_copy, jobs):
+            if deadline is not None and time.time() > deadline and not self.halt.is_set():
+                print(f"  {label}: deadline reached, loading no further copies", flush=True)
+                self.halt.set()
+            if not inserted and not dup:
+                complete = False
+                continue
             self.inserted += inserted
             self.duplicates += dup
             self.copies += 1
@@ -382,6 +408,7 @@ class BulkLoad:
             time.sleep(1)
         self.maybe_vacuum(force=True)
         self._progress(label, total_copies, 0)
+        return complete
 
     def maybe_vacuum(self, force: bool = False) -> None:
         if self.vacuum and (force or time.monotonic() - self._last_vacuum >= self.vacuum_every_s):

@@ -34,6 +34,7 @@ import sqlite3
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -42,6 +43,7 @@ from typing import Any
 
 import httpx
 from sqlalchemy import create_engine, select, text
+from sqlalchemy.engine import make_url
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -80,13 +82,14 @@ def timed(client: httpx.Client, url: str, params: dict[str, Any] | None = None) 
     return elapsed, r.json()
 
 
-def storage(db: Database, spans: int) -> dict[str, float]:
-    if db.kind == "sqlite":
-        files = list(db.tmp.glob("bench.db*"))
-        total = sum(f.stat().st_size for f in files)
-        main = (db.tmp / "bench.db").stat().st_size
+def storage(url: str, spans: int) -> dict[str, float]:
+    if url.startswith("sqlite"):
+        main = Path(make_url(url).database or "")
+        files = [main, main.with_name(main.name + "-wal"), main.with_name(main.name + "-shm")]
+        total = sum(f.stat().st_size for f in files if f.exists())
+        main_size = main.stat().st_size
     else:
-        engine = create_engine(db.url)
+        engine = create_engine(url)
         with engine.connect() as conn:
             total = conn.execute(
                 text(
@@ -96,11 +99,11 @@ def storage(db: Database, spans: int) -> dict[str, float]:
                 )
             ).scalar_one()
         engine.dispose()
-        main = total
+        main_size = total
     return {
         "bytes_total": float(total),
         "bytes_per_span": float(total) / spans,
-        "bytes_per_span_without_wal": float(main) / spans,
+        "bytes_per_span_without_wal": float(main_size) / spans,
     }
 
 
@@ -138,6 +141,10 @@ def run(args: argparse.Namespace, kind: str, save: Any = lambda out: None) -> di
     start = now - DAY_NS
     step = max(length_ns, (DAY_NS - length_ns) // copies)
     shifts = [start + k * step for k in range(copies)]
+
+    def end(loaded: int) -> int:
+        return shifts[loaded - 1] + length_ns
+
     marks = sorted({max(1, round(copies * p / 100)) for p in args.checkpoints} | {copies})
     out: dict[str, Any] = {
         "db": kind,
@@ -175,7 +182,7 @@ def run(args: argparse.Namespace, kind: str, save: Any = lambda out: None) -> di
                     done = mark
                     while dirty_count(engine) > 0:
                         time.sleep(1)
-                    cp = checkpoint(args, database, base_url, mark, plan.spans, args.base, now, t0)
+                    cp = checkpoint(args, database.url, base_url, mark, plan.spans, args.base, end(mark), t0)
                     cp["peak_rss_mb"] = rss_mb(proc.pid, peak=True)
                     out["checkpoints"].append(cp)
                     save(out)
@@ -192,12 +199,15 @@ def run(args: argparse.Namespace, kind: str, save: Any = lambda out: None) -> di
             try:
                 done = 0
                 for mark in marks:
-                    loader.load([(k, shifts[k]) for k in range(done, mark)], copies, kind)
-                    done = mark
+                    jobs = [(k, shifts[k]) for k in range(done, mark)]
+                    complete = loader.load(jobs, copies, kind, deadline=args.deadline)
+                    done = loader.copies
                     load_s = time.perf_counter() - t0
                     with serve_process(database.url, database.tmp, args.quiet_period, env) as served:
                         proc, base_url = served
-                        cp = checkpoint(args, database, base_url, mark, plan.spans, args.base, now, t0)
+                        cp = checkpoint(
+                            args, database.url, base_url, done, plan.spans, args.base, end(done), t0
+                        )
                         cp["server_peak_rss_mb"] = rss_mb(proc.pid, peak=True)
                     cp["load_s"] = load_s
                     cp["load_peak_rss_mb"] = loader.peak_rss_mb
@@ -205,6 +215,8 @@ def run(args: argparse.Namespace, kind: str, save: Any = lambda out: None) -> di
                     cp["vacuum_analyze_runs"] = loader.vacuums
                     out["checkpoints"].append(cp)
                     save(out)
+                    if not complete:
+                        break
             finally:
                 loader.close()
     finally:
@@ -216,9 +228,25 @@ def run(args: argparse.Namespace, kind: str, save: Any = lambda out: None) -> di
     return out
 
 
+def measure_only(args: argparse.Namespace) -> dict[str, Any]:
+    """Storage and queries on an existing database (`--db-url`, e.g. one kept by `--keep-db`)."""
+    engine = create_engine(args.db_url)
+    with engine.connect() as conn:
+        end_ns = int(conn.execute(text("SELECT max(start_ns) FROM requests")).scalar_one()) + 1
+    engine.dispose()
+    env = {"RAILTRACE_TOPOLOGY": json.dumps([args.topology])} if args.topology else {}
+    workdir = Path(tempfile.mkdtemp(prefix="railtrace-scale-"))
+    out: dict[str, Any] = {"db": args.db_url.split(":", 1)[0], "load": "none (existing database)"}
+    out["versions"] = versions(args.db_url)
+    with serve_process(args.db_url, workdir, args.quiet_period, env) as (proc, base_url):
+        out["checkpoints"] = [checkpoint(args, args.db_url, base_url, 0, 0, 0, end_ns, time.perf_counter())]
+        out["checkpoints"][0]["server_peak_rss_mb"] = rss_mb(proc.pid, peak=True)
+    return out
+
+
 def checkpoint(
     args: argparse.Namespace,
-    database: Database,
+    db_url: str,
     base_url: str,
     copies: int,
     spans_per_copy: int,
@@ -226,8 +254,10 @@ def checkpoint(
     now: int,
     t0: float,
 ) -> dict[str, Any]:
+    """Storage and queries over the history loaded so far; `now` is the end of that history
+    (one-hour and one-day windows end there)."""
     spans = copies * spans_per_copy
-    engine = create_engine(database.url)
+    engine = create_engine(db_url)
     with engine.connect() as conn:
         stored_spans = conn.execute(text("SELECT count(*) FROM spans")).scalar_one()
         ids = [r[0] for r in conn.execute(select(requests_table.c.trace_id))]
@@ -249,9 +279,9 @@ def checkpoint(
         "elapsed_s": time.perf_counter() - t0,
         "utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "uptime": uptime(),
-        "storage": storage(database, spans),
+        "storage": storage(db_url, stored_spans),
     }
-    if stored_spans != spans:
+    if spans and stored_spans != spans:
         print(f"  warning: {stored_spans} spans stored for {spans} sent", flush=True)
     # The flag + node filter: the pair with the most requests in a one-hour window (node matches
     # either side, as the API's `node` filter does), windows aligned on `now`.
@@ -262,7 +292,7 @@ def checkpoint(
             per_hour[(flag, node, hour)] += 1
     cp["queries"] = queries(base_url, ids, per_hour, now, args)
     print(
-        f"  checkpoint {copies} copies ({spans:,} spans, {len(ids):,} requests): "
+        f"  checkpoint {copies} copies ({stored_spans:,} spans, {len(ids):,} requests): "
         f"{cp['storage']['bytes_per_span']:.0f} bytes/span, {cp['uptime']}",
         flush=True,
     )
@@ -341,10 +371,18 @@ def queries(
             out["list filter"]["deepest_page"] = max(cursors) if cursors else 0
         for _ in range(args.stats_queries):
             res.setdefault("stats by flag, 1 hour", []).append(
-                timed(client, "/api/v1/stats", {"group_by": "flag", "since": iso(now - HOUR_NS)})[0]
+                timed(
+                    client,
+                    "/api/v1/stats",
+                    {"group_by": "flag", "since": iso(now - HOUR_NS), "until": iso(now)},
+                )[0]
             )
             res.setdefault("stats by flag, 1 day", []).append(
-                timed(client, "/api/v1/stats", {"group_by": "flag", "since": iso(now - DAY_NS)})[0]
+                timed(
+                    client,
+                    "/api/v1/stats",
+                    {"group_by": "flag", "since": iso(now - DAY_NS), "until": iso(now)},
+                )[0]
             )
     out.update({k: percentiles(v) for k, v in res.items()})
     return out
@@ -368,12 +406,22 @@ def main() -> int:
     ap.add_argument("--stats-queries", type=int, default=30)
     ap.add_argument("--quiet-period", type=float, default=2.0)
     ap.add_argument("--keep-db", action="store_true", help="do not drop the database at the end")
+    ap.add_argument("--deadline", help="HH:MM UTC: load no further copies after this, measure what is loaded")
+    ap.add_argument("--db-url", help="only measure this existing database (no load)")
+    ap.add_argument("--topology", help="with --db-url: the topology folder for the server")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     args.checkpoints = [float(p) for p in args.checkpoints.split(",")]
     args.depths = sorted({int(d) for d in args.depths.split(",")})
+    if args.deadline:
+        hh, mm = (int(x) for x in args.deadline.split(":"))
+        today = datetime.now(UTC).replace(hour=hh, minute=mm, second=0, microsecond=0)
+        args.deadline = today.timestamp()
     kinds = ["sqlite", "postgresql"] if args.db == "both" else [args.db]
-    results = []
+    results: list[dict[str, Any]] = []
+    if args.db_url:
+        kinds = []
+        results.append(measure_only(args))
     for kind in kinds:
 
         def save(out: dict[str, Any]) -> None:
@@ -384,10 +432,10 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps({"command": sys.argv, "results": results}, indent=2))
     for r in results:
-        print(f"\n{r['db']} ({r['load']}): {r['requests']:,} requests, {r['spans']:,} spans, {r['versions']}")
+        print(f"\n{r['db']} ({r['load']}): {r.get('spans', 0):,} spans planned, {r['versions']}")
         for cp in r["checkpoints"]:
             print(
-                f"\n{cp['spans']:,} spans ({cp['requests_stored']:,} requests stored), "
+                f"\n{cp['spans_stored']:,} spans ({cp['requests_stored']:,} requests stored), "
                 f"{cp['storage']['bytes_per_span']:.0f} bytes/span, at {cp['utc']} UTC; {cp['uptime']}"
             )
             print("| query | p50 ms | p99 ms | max ms | n |\n|---|---:|---:|---:|---:|")
