@@ -52,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--quiet-period", type=float, help="seconds after a request's last span before assembly"
     )
+    serve.add_argument(
+        "--assembly-processes",
+        type=int,
+        help="assemble requests in N child processes, on other cores (default 0: a thread) "
+        + _env_default("assembly_processes"),
+    )
     serve.add_argument("--retention-hours", type=float, help="delete requests older than this (0 keeps all)")
     serve.add_argument(
         "--ingest-token", help="bearer token OTLP exporters must send " + _env_default("ingest_token")

@@ -32,6 +32,12 @@ class Settings(BaseSettings):
     assembly_interval_s: float = Field(
         0.05, description="How often the assembler looks for requests past their quiet period."
     )
+    assembly_processes: int = Field(
+        0,
+        ge=0,
+        le=32,
+        description="Assemble in this many child processes (other cores) instead of a thread; 0 = thread.",
+    )
     max_trace_wait_s: float = Field(300.0, description="Assemble even without an ended root after this.")
 
     # Verdicts.

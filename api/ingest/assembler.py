@@ -66,8 +66,10 @@ class Assembler:
         metrics: Metrics,
         pipeline: Pipeline,
         busy: Callable[[], bool] = lambda: False,
+        retention: bool = True,
     ) -> None:
         self.store = store
+        self.retention = retention
         self._busy = busy
         self.settings = settings
         self.metrics = metrics
@@ -114,7 +116,7 @@ class Assembler:
         if now - self._last_gauge >= 2.0:
             self._last_gauge = now
             self.metrics[semconv.M_PENDING].set(self.store.count_dirty())
-        if self.settings.retention_hours > 0 and now - self._last_retention >= 60.0:
+        if self.retention and self.settings.retention_hours > 0 and now - self._last_retention >= 60.0:
             self._last_retention = now
             self.apply_retention()
 

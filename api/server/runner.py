@@ -140,6 +140,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         ("port", "port"),
         ("grpc_port", "grpc_port"),
         ("quiet_period", "quiet_period_s"),
+        ("assembly_processes", "assembly_processes"),
         ("retention_hours", "retention_hours"),
         ("ingest_token", "ingest_token"),
         ("api_token", "api_token"),

@@ -11,6 +11,7 @@ from typing import Any
 
 from railtrace.ingest import BulkWriter
 from railtrace.ingest.assembler import Assembler, Pipeline, default_pipeline
+from railtrace.ingest.workers import AssemblyWorkers
 from railtrace.metrics import Metrics
 from railtrace.server.security import content_filter
 from railtrace.settings import Settings
@@ -45,6 +46,7 @@ class Runtime:
         self._live_topology: Any = None
         self._pipeline = pipeline
         self.assembler: Assembler | None = None
+        self.assembly_workers: AssemblyWorkers | None = None
         self.assembly_error: str | None = None
         self._contract_cache: Any = None
         self.started = False
@@ -108,7 +110,11 @@ class Runtime:
         self._load_topology()
         self.writer.start()
         pipeline = self._pipeline
-        if pipeline is None and self.topology_holder is not None:
+        if pipeline is None and self.topology_holder is not None and self.settings.assembly_processes > 0:
+            self.assembly_workers = AssemblyWorkers(
+                self.settings, self.metrics, self.settings.assembly_processes
+            ).start()
+        elif pipeline is None and self.topology_holder is not None:
             try:
                 pipeline = default_pipeline(self.settings, self.topology)
             except ImportError as exc:
@@ -128,6 +134,8 @@ class Runtime:
             self._live_topology.stop()
         if self.assembler:
             self.assembler.stop()
+        if self.assembly_workers:
+            self.assembly_workers.stop()
         self.writer.stop()
         self.engine.dispose()
         self.started = False

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from railtrace.server.deps import RuntimeDep
+from railtrace.server.runtime import Runtime
 
 router = APIRouter(tags=["health"])
 
@@ -34,7 +35,7 @@ def readyz(rt: RuntimeDep) -> Response:
         "status": "ok" if not problems else "unavailable",
         "problems": problems,
         "pending_spans": rt.writer.pending,
-        "assembly": "running" if rt.assembler else (rt.assembly_error or "off"),
+        "assembly": _assembly_state(rt),
         "topology": "loaded" if rt.topology_holder is not None else (rt.topology_error or "none"),
     }
     return JSONResponse(body, status_code=200 if not problems else 503)
@@ -50,3 +51,11 @@ def metrics(request: Request, rt: RuntimeDep) -> Response:
     rt.refresh_contract_gauge()
     body, media = rt.metrics.render(request.headers.get("accept"))
     return Response(body, media_type=media)
+
+
+def _assembly_state(rt: Runtime) -> str:
+    if rt.assembler:
+        return "running"
+    if rt.assembly_workers:
+        return f"running in {rt.assembly_workers.alive} of {rt.assembly_workers.processes} processes"
+    return rt.assembly_error or "off"

@@ -1,0 +1,199 @@
+"""Assembly in child processes, so assembling requests uses other cores than receiving them.
+
+In one process, receiving exports and assembling requests share one interpreter lock, and
+assembly costs more per span than ingest; on a busy service the two slow each other down.
+With `assembly_processes = N` the serve process starts N children instead of its assembler
+thread. Each child opens the same database and topology and runs the ordinary `Assembler`
+loop; the trace leases that let several replicas share one database (`Store.claim_ready`)
+keep the children apart as well. What the children would have counted in Prometheus comes
+back to the serve process over a queue and is applied to its registry, so `/metrics` stays
+the one place to scrape. A child that dies is started again; the leases it held run out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import queue as queue_mod
+import signal
+import threading
+import time
+from typing import Any
+
+from railtrace.metrics import Metrics
+from railtrace.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# One metric update: (family name, label values, "inc" | "observe" | "set", value, exemplar).
+Update = tuple[str, tuple[str, ...], str, float, dict[str, str] | None]
+
+
+class _Child:
+    """One label set of a recorded family (what `family.labels(...)` returns)."""
+
+    __slots__ = ("_labels", "_name", "_out")
+
+    def __init__(self, out: list[Update], name: str, labels: tuple[str, ...]) -> None:
+        self._out, self._name, self._labels = out, name, labels
+
+    def labels(self, *values: Any) -> _Child:
+        return _Child(self._out, self._name, self._labels + tuple(str(v) for v in values))
+
+    def inc(self, amount: float = 1, exemplar: dict[str, str] | None = None) -> None:
+        self._out.append((self._name, self._labels, "inc", float(amount), exemplar))
+
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        self._out.append((self._name, self._labels, "observe", float(amount), exemplar))
+
+    def set(self, value: float) -> None:
+        self._out.append((self._name, self._labels, "set", float(value), None))
+
+
+class RecordedMetrics:
+    """Stands in for `Metrics` inside a child: the same update rules, recorded for replay."""
+
+    def __init__(self) -> None:
+        self.updates: list[Update] = []
+
+    def __getitem__(self, name: str) -> _Child:
+        return _Child(self.updates, name, ())
+
+    request_assembled = Metrics.request_assembled
+
+    def take(self) -> list[Update]:
+        out, self.updates = self.updates, []
+        return out
+
+
+def replay(metrics: Metrics, updates: list[Update]) -> None:
+    """Apply a child's recorded updates to the serve process's registry."""
+    for name, labels, op, value, exemplar in updates:
+        family = metrics[name]
+        target = family.labels(*labels) if labels else family
+        if op == "inc":
+            target.inc(value, exemplar=exemplar)
+        elif op == "observe":
+            target.observe(value, exemplar=exemplar)
+        elif op == "set":
+            target.set(value)
+
+
+def _child_main(settings_data: dict[str, Any], out: Any, stop: Any, index: int) -> None:
+    """Entry point of one assembly process: the serve process's settings, its own engine."""
+    from railtrace.ingest.assembler import Assembler, default_pipeline
+    from railtrace.store import Store, make_engine
+    from railtrace.topology import TopologyHolder
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the serve process decides when to stop
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s assembly-{index} %(levelname)s %(message)s")
+    settings = Settings.model_validate(settings_data)
+    engine = make_engine(settings.db)
+    live = None
+    paths = list(settings.topology)
+    try:
+        from railtrace.topology.k8s_source import K8S_TOPOLOGY, start_live_topology, wants_live_topology
+
+        wants_live = wants_live_topology(paths)
+        paths = [p for p in paths if p != K8S_TOPOLOGY]
+    except ImportError:
+        wants_live = False
+    holder = TopologyHolder(paths)
+    if wants_live:
+        live = start_live_topology(holder, list(settings.topology))
+    metrics = RecordedMetrics()
+    assembler = Assembler(
+        Store(engine),
+        settings,
+        metrics,  # type: ignore[arg-type]
+        default_pipeline(settings, holder.get),
+        retention=index == 0,  # one process deletes old history, not all of them at once
+    )
+    assembler.start()
+    parent = os.getppid()
+    try:
+        # Stop with the serve process, also when it was killed and could not say so.
+        while not stop.value and os.getppid() == parent:
+            time.sleep(0.05)
+            if metrics.updates:
+                out.put(metrics.take())
+    finally:
+        assembler.stop()
+        if metrics.updates:
+            out.put(metrics.take())
+        if live is not None:
+            live.stop()
+        engine.dispose()
+
+
+class AssemblyWorkers:
+    """`processes` assembly children of this serve process, watched and restarted."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, processes: int) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.processes = processes
+        self._ctx = multiprocessing.get_context("spawn")  # no fork: the parent holds threads
+        self._queue: Any = self._ctx.Queue()
+        # A shared flag, not a multiprocessing Event: setting an Event that a killed child
+        # was waiting on blocks forever.
+        self._stop: Any = self._ctx.Value("b", 0, lock=False)
+        self._children: list[Any] = []
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self.restarts = 0
+
+    def _spawn(self, index: int) -> Any:
+        proc = self._ctx.Process(
+            target=_child_main,
+            args=(self.settings.model_dump(), self._queue, self._stop, index),
+            name=f"railtrace-assembly-{index}",
+            daemon=True,
+        )
+        proc.start()
+        return proc
+
+    def start(self) -> AssemblyWorkers:
+        self._children = [self._spawn(i) for i in range(self.processes)]
+        self._thread = threading.Thread(target=self._run, name="railtrace-assembly-metrics", daemon=True)
+        self._thread.start()
+        return self
+
+    @property
+    def alive(self) -> int:
+        return sum(1 for p in self._children if p.is_alive())
+
+    def _run(self) -> None:
+        """Apply the children's metric updates; start again a child that died."""
+        last_check = time.monotonic()
+        while not self._stopping.is_set():
+            with contextlib.suppress(queue_mod.Empty):
+                replay(self.metrics, self._queue.get(timeout=0.1))
+            if time.monotonic() - last_check >= 1.0:
+                last_check = time.monotonic()
+                for i, proc in enumerate(self._children):
+                    if not proc.is_alive() and not self._stop.value:
+                        log.warning("assembly process %d exited (code %s); restarting", i, proc.exitcode)
+                        self.restarts += 1
+                        self._children[i] = self._spawn(i)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Let each child finish its round and report, then stop applying updates."""
+        self._stop.value = 1
+        deadline = time.monotonic() + timeout
+        for proc in self._children:
+            proc.join(max(0.1, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(5)
+        self._stopping.set()
+        if self._thread:
+            self._thread.join(5)
+        while True:  # what the children sent last
+            try:
+                replay(self.metrics, self._queue.get(timeout=0.2))
+            except queue_mod.Empty:
+                break
+        self._queue.close()
