@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import importlib.util
 import json
 import os
@@ -234,17 +235,52 @@ def load() -> str:
     return "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
-def status_mb(pid: int) -> dict[str, float]:
-    """RSS and its parts (anonymous, file-backed, shared memory) and the peak, in MB."""
-    out = {}
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            key = line.split(":", 1)[0]
-            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
-                out[key] = int(line.split()[1]) / 1024
-    except OSError:
-        pass
+def tree(pid: int) -> list[int]:
+    """The process and its descendants (the service's assembly children, if any)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
+        except OSError:
+            pass
     return out
+
+
+def status_mb(pid: int) -> dict[str, float]:
+    """RSS and its parts (anonymous, file-backed, shared memory) and the peak, in MB, summed over
+    the process and its children (the peak as the sum of each one's peak: an upper bound)."""
+    out: dict[str, float] = {}
+    for p in tree(pid):
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                key = line.split(":", 1)[0]
+                if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
+                    out[key] = out.get(key, 0.0) + int(line.split()[1]) / 1024
+        except OSError:
+            pass
+    return out
+
+
+def tree_rss(pid: int) -> float:
+    return status_mb(pid).get("VmRSS", 0.0)
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of the process and its live children."""
+    total = 0.0
+    for p in tree(pid):
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(p)
+    return total
+
+
+def serve(database: Any, quiet: float, args: argparse.Namespace) -> Any:
+    """`railtrace serve` on the database, with `--assembly-processes` if given."""
+    env = {"RAILTRACE_ASSEMBLY_PROCESSES": str(args.assembly_processes)} if args.assembly_processes else None
+    return serve_process(database.url, database.tmp, quiet, extra_env=env)
 
 
 def sqlite_connections(pid: int, db_file: str) -> int:
@@ -317,16 +353,16 @@ def max_rate(db: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     calls = Calls(seed=seed)
     database = Database(db)
     try:
-        with serve_process(database.url, database.tmp, args.quiet_period) as (proc, base):
+        with serve(database, args.quiet_period, args) as (proc, base):
             print(f"[max rate] {db}: {args.clients} clients flat out for {args.calibrate_seconds:.0f} s")
 
             def tick(t: float, n: int) -> None:
                 if int(t) % 5 == 0:
                     print(f"  {t:5.0f} s  {n * SPANS_PER_CALL / t:8,.0f} spans/s  load {load()}")
 
-            cpu0 = cpu_seconds(proc.pid)
+            cpu0 = tree_cpu(proc.pid)
             out = flat_out(base, calls, args.clients, args.calibrate_seconds, tick)
-            cpu = cpu_seconds(proc.pid) - cpu0
+            cpu = tree_cpu(proc.pid) - cpu0
     finally:
         database.drop()
     warm = min(args.warmup, args.calibrate_seconds / 3)
@@ -483,7 +519,7 @@ def latency_run(db: str, args: argparse.Namespace, rate: float, seed: int) -> di
     database = Database(db)
     series: list[dict[str, Any]] = []
     try:
-        with serve_process(database.url, database.tmp, quiet) as (proc, base):
+        with serve(database, quiet, args) as (proc, base):
             metrics = httpx.Client(base_url=base, timeout=30)
             poller = Poller(
                 base, args.pollers, args.poll_interval, args.poll_window, args.poll_slow, args.drain_timeout
@@ -495,7 +531,7 @@ def latency_run(db: str, args: argparse.Namespace, rate: float, seed: int) -> di
             retries = [0]
             errors: list[str] = []
             sampled = 0
-            cpu0 = cpu_seconds(proc.pid)
+            cpu0 = tree_cpu(proc.pid)
             print(
                 f"[latency] {db}: {rate:,.0f} spans/s offered ({1 / period:.1f} calls/s, {n_calls} calls) "
                 f"for {args.seconds:.0f} s, quiet period {quiet:g} s, every {args.sample}th request polled"
@@ -549,7 +585,7 @@ def latency_run(db: str, args: argparse.Namespace, rate: float, seed: int) -> di
                         "requests": m["requests"],
                         "pending": m["pending"],
                         "queue": m["queue"],
-                        "rss_mb": rss_mb(proc.pid),
+                        "rss_mb": tree_rss(proc.pid),
                     }
                 )
                 sending = any(th.is_alive() for th in senders)
@@ -574,12 +610,12 @@ def latency_run(db: str, args: argparse.Namespace, rate: float, seed: int) -> di
                     print(f"  drain timeout: {m['requests']:,.0f} of {total_traces:,} requests counted")
                     break
             counted_at = time.monotonic()
-            server_cpu = cpu_seconds(proc.pid) - cpu0
+            server_cpu = tree_cpu(proc.pid) - cpu0
             poller.close(timeout=1.0)
             missing = poller.missing
             final = scrape(metrics)
             metrics.close()
-            peak = rss_mb(proc.pid, peak=True)
+            peak = status_mb(proc.pid).get("VmHWM", 0.0)
     finally:
         database.drop()
     if errors or poller.errors:
@@ -732,7 +768,7 @@ def memory_run(db: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     samples: list[dict[str, Any]] = []
     db_mb = None
     try:
-        with serve_process(database.url, database.tmp, args.quiet_period) as (proc, base):
+        with serve(database, args.quiet_period, args) as (proc, base):
             metrics = httpx.Client(base_url=base, timeout=30)
             time.sleep(2.0)
             idle = status_mb(proc.pid)
@@ -784,9 +820,9 @@ def memory_run(db: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
                         f"  load {load()}"
                     )
 
-            cpu0 = cpu_seconds(proc.pid)
+            cpu0 = tree_cpu(proc.pid)
             out = flat_out(base, calls, args.clients, args.memory_seconds, tick)
-            load_cpu = cpu_seconds(proc.pid) - cpu0
+            load_cpu = tree_cpu(proc.pid) - cpu0
             phase[0] = "drain"
             sent = len(out["acks"]) * TRACES_PER_CALL
             deadline = time.monotonic() + args.memory_drain
@@ -949,6 +985,9 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=4, help="connections sending flat out")
     ap.add_argument("--quiet-period", type=float, default=None, help="seconds; default 2, 30 with --memory")
     ap.add_argument("--json", type=Path, help="write the figures here")
+    ap.add_argument(
+        "--assembly-processes", type=int, default=0, help="the service's assembly child processes (default 0)"
+    )
     ap.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines")
     lat = ap.add_argument_group("verdict latency")
     lat.add_argument("--rate", type=float, help="maximum ingest rate in spans/s (default: measure it)")
