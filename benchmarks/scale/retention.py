@@ -47,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks" / "ingest"))
 sys.path.insert(0, str(HERE))
-from bulk import BulkLoad, CopyPlan  # noqa: E402
+from bulk import BulkLoad, CopyPlan, dirty_count  # noqa: E402
 from harness import PROTOBUF, serve_process  # noqa: E402
 from payload import export_calls  # noqa: E402
 from traffic import _retag, capture  # noqa: E402
@@ -246,6 +246,10 @@ def phase(
             th.start()
         try:
             out["ingest"] = paced_post(base, calls, args.rate, args.clients)
+            # Retention runs in the assembler's loop: a backlog here means assembly waited for it.
+            engine = make_engine(url)
+            out["waiting_for_assembly_at_end"] = dirty_count(engine)
+            engine.dispose()
         finally:
             stop.set()
             if th:
@@ -259,7 +263,8 @@ def phase(
         f"    {ing['acked_spans_per_s']:,.0f} spans/s acknowledged, "
         f"export latency p50 {lat['p50_ms']:.0f} ms "
         f"p99 {lat['p99_ms']:.0f} ms max {lat['max_ms']:.0f} ms, {ing['throttled']} throttled, "
-        f"all acknowledged spans stored: {out['every_acked_span_stored']}",
+        f"all acknowledged spans stored: {out['every_acked_span_stored']}, "
+        f"{out['waiting_for_assembly_at_end']:,} traces waiting for assembly at the end",
         flush=True,
     )
     return out
