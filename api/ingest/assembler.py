@@ -79,7 +79,6 @@ class Assembler:
         self._last_gauge = 0.0
         self._last_retention = 0.0
         self.rounds = 0
-        self._wall_clock = True
         # Who holds an assembly lease: unique per running assembler, readable by an operator.
         self.owner = f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
@@ -145,7 +144,6 @@ class Assembler:
         holds is left for later (its traces stay dirty); every lease is given up at the end.
         """
         now = now_ns if now_ns is not None else time.time_ns()
-        self._wall_clock = now_ns is None
         quiet_cutoff = now - int(self.settings.quiet_period_s * 1e9)
         wait_cutoff = now - int(self.settings.max_trace_wait_s * 1e9)
         ready = self.store.claim_ready(self.owner, quiet_cutoff, wait_cutoff, now, LEASE_NS, limit)
@@ -154,13 +152,19 @@ class Assembler:
         held = {t.trace_id for t in ready}
         keep: set[str] = set()
         try:
-            keep = self._assemble(ready, held, now, quiet_cutoff, wait_cutoff)
+            keep = self._assemble(ready, held, now, quiet_cutoff, wait_cutoff, wall_clock=now_ns is None)
         finally:
             self.store.release(self.owner, held - keep)
         return len(ready) if len(ready) >= limit else 0
 
     def _assemble(
-        self, ready: list[Any], held: set[str], now: int, quiet_cutoff: int, wait_cutoff: int
+        self,
+        ready: list[Any],
+        held: set[str],
+        now: int,
+        quiet_cutoff: int,
+        wait_cutoff: int,
+        wall_clock: bool = True,
     ) -> set[str]:
         """Assemble the groups this replica holds entirely; returns the leases to keep.
 
@@ -209,7 +213,7 @@ class Assembler:
         self.store.save_assembly(summaries, marks, superseded, now)
         # Verdict latency is measured to the commit, on the wall clock (unless a test drives
         # the clock through `now_ns`).
-        self._count(summaries, old, marks, late, time.time_ns() if self._wall_clock else now)
+        self._count(summaries, old, marks, late, time.time_ns() if wall_clock else now)
         return keep
 
     def _keys(self, spans: list[Span]) -> set[str]:
