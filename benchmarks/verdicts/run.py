@@ -640,9 +640,20 @@ def latency_run(db: str, args: argparse.Namespace, rate: float, seed: int) -> di
         if j == len(series):
             break
         counted_lat.append(series[j]["t"] + t0 - a)
+
+    def assembled_per_s(a: float, b: float) -> float:
+        """Requests counted in /metrics per second between times a and b (since t0)."""
+        inside = [x for x in series if a <= x["t"] <= b]
+        if len(inside) < 2 or inside[-1]["t"] <= inside[0]["t"]:
+            return float("nan")
+        return (inside[-1]["requests"] - inside[0]["requests"]) / (inside[-1]["t"] - inside[0]["t"])
+
+    sending_until = send_end - t0
     res = {
         "db": db,
         "offered_spans_per_s": rate,
+        "assembled_requests_per_s_while_sending": assembled_per_s(quiet + 1.0, sending_until),
+        "assembled_requests_per_s_after_sending": assembled_per_s(sending_until, counted_at - t0),
         "seconds": args.seconds,
         "quiet_period_s": quiet,
         "target_s": target,
@@ -703,7 +714,9 @@ def print_latency(r: dict[str, Any]) -> None:
         f" (p99 bucket {r['assembly_lag_quantile_buckets_s']['0.99']}),"
         f" over target"
         f" {100 * r['assembly_lag_over_target_fraction']:.1f} %\n"
-        f"  drained {r['drain_s_after_last_send']:.1f} s after the last send; max pending {r['max_pending']};"
+        f"  assembled {r['assembled_requests_per_s_while_sending']:.0f} requests/s while sending,"
+        f" {r['assembled_requests_per_s_after_sending']:.0f} after;"
+        f" drained {r['drain_s_after_last_send']:.1f} s after the last send; max pending {r['max_pending']};"
         f" server peak RSS {r['server_peak_rss_mb']:.0f} MB; load {r['load_end']}"
     )
 
