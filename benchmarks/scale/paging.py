@@ -37,6 +37,7 @@ def store_at(rev: str) -> type:
         ["git", "show", f"{rev}:api/store/store.py"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
     module = types.ModuleType(f"railtrace.store.store_at_{rev}")
+    sys.modules[module.__name__] = module  # dataclasses look their module up there
     exec(compile(src, f"store.py@{rev}", "exec"), module.__dict__)
     return module.Store
 
