@@ -413,9 +413,6 @@ class Store:
             conds.append(r.c.model == q.model)
         if q.cursor:
             c = q.cursor
-            # The plain bound is what both databases can seek the index to: without it a deep
-            # page is found by walking (and discarding) every row of the pages before it.
-            conds.append(start_col <= c.start_ns)
             conds.append(or_(start_col < c.start_ns, and_(start_col == c.start_ns, tid_col < c.trace_id)))
         if conds:
             stmt = stmt.where(*conds)

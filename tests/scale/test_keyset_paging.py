@@ -1,10 +1,6 @@
 """Keyset paging of the request list, on SQLite and PostgreSQL: every request exactly once, newest
 first, when many requests share one start time and a page ends inside such a run; with and
 without the flag, node and time-window filters the scale benchmark pages through.
-
-The cursor condition carries a plain `start_ns <= cursor` bound next to the exact (start_ns,
-trace_id) comparison so that the databases seek their index to the cursor instead of walking
-the pages before it; these cases pin down that the bound changes no result.
 """
 
 from __future__ import annotations
