@@ -78,6 +78,8 @@ class Assembler:
         self._thread: threading.Thread | None = None
         self._last_gauge = 0.0
         self._last_retention = 0.0
+        self._retention_behind = False  # the last retention pass stopped with more to delete
+        self.retention_batch = 500  # traces per delete transaction
         self.rounds = 0
         # Who holds an assembly lease: unique per running assembler, readable by an operator.
         self.owner = f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -115,21 +117,33 @@ class Assembler:
         if now - self._last_gauge >= 2.0:
             self._last_gauge = now
             self.metrics[semconv.M_PENDING].set(self.store.count_dirty())
-        if self.retention and self.settings.retention_hours > 0 and now - self._last_retention >= 60.0:
-            self._last_retention = now
-            self.apply_retention()
+        due = now - self._last_retention >= 60.0
+        if self.retention and self.settings.retention_hours > 0 and (due or self._retention_behind):
+            if due:
+                self._last_retention = now
+            self.apply_retention(budget_s=RETENTION_SLICE_S)
 
-    def apply_retention(self, now_ns: int | None = None) -> int:
-        """Delete traces older than the retention, in bounded batches. Returns traces deleted."""
+    def apply_retention(self, now_ns: int | None = None, budget_s: float | None = None) -> int:
+        """Delete traces older than the retention, in bounded batches. Returns traces deleted.
+
+        With `budget_s`, stop after the batch that used it up and leave the rest for the next
+        round (`_retention_behind`), so deleting a large expired history never holds up
+        assembly for longer than that.
+        """
         if self.settings.retention_hours <= 0:
             return 0
         now_ns = now_ns if now_ns is not None else time.time_ns()
         cutoff = now_ns - int(self.settings.retention_hours * 3600 * 1e9)
+        started = time.monotonic()
         total = 0
+        self._retention_behind = False
         while not self._stop.is_set():
-            n = self.store.delete_older_than(cutoff)
+            n = self.store.delete_older_than(cutoff, batch=self.retention_batch)
             total += n
             if n == 0:
+                break
+            if budget_s is not None and time.monotonic() - started >= budget_s:
+                self._retention_behind = True
                 break
         return total
 
@@ -247,6 +261,8 @@ class Assembler:
 
 
 FULL_BATCH = 500
+# Longest a retention pass holds up assembly; an expired backlog is deleted over many rounds.
+RETENTION_SLICE_S = 0.25
 # How long a claimed trace stays with its replica. Far longer than one round takes; a replica
 # that dies holding leases delays those requests by at most this much.
 LEASE_NS = 60 * 10**9
