@@ -102,11 +102,12 @@ class Assembler:
                 while not self._stop.is_set():
                     busy = self._busy()
                     started = time.monotonic()
-                    if not self.run_once(limit=BUSY_BATCH if busy else FULL_BATCH):
+                    more = self.run_once(limit=BUSY_BATCH if busy else FULL_BATCH)
+                    self._housekeeping()  # time-gated; also runs while a backlog keeps this loop going
+                    if not more:
                         break
                     if busy:
                         self._stop.wait(time.monotonic() - started)
-                self._housekeeping()
             except Exception:  # a failing round (database away) must not end the loop
                 log.exception("assembly round failed")
             self.rounds += 1

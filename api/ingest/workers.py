@@ -34,37 +34,47 @@ Update = tuple[str, tuple[str, ...], str, float, dict[str, str] | None]
 class _Child:
     """One label set of a recorded family (what `family.labels(...)` returns)."""
 
-    __slots__ = ("_labels", "_name", "_out")
+    __slots__ = ("_labels", "_name", "_owner")
 
-    def __init__(self, out: list[Update], name: str, labels: tuple[str, ...]) -> None:
-        self._out, self._name, self._labels = out, name, labels
+    def __init__(self, owner: RecordedMetrics, name: str, labels: tuple[str, ...]) -> None:
+        self._owner, self._name, self._labels = owner, name, labels
 
     def labels(self, *values: Any) -> _Child:
-        return _Child(self._out, self._name, self._labels + tuple(str(v) for v in values))
+        return _Child(self._owner, self._name, self._labels + tuple(str(v) for v in values))
 
     def inc(self, amount: float = 1, exemplar: dict[str, str] | None = None) -> None:
-        self._out.append((self._name, self._labels, "inc", float(amount), exemplar))
+        self._owner.record((self._name, self._labels, "inc", float(amount), exemplar))
 
     def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
-        self._out.append((self._name, self._labels, "observe", float(amount), exemplar))
+        self._owner.record((self._name, self._labels, "observe", float(amount), exemplar))
 
     def set(self, value: float) -> None:
-        self._out.append((self._name, self._labels, "set", float(value), None))
+        self._owner.record((self._name, self._labels, "set", float(value), None))
 
 
 class RecordedMetrics:
-    """Stands in for `Metrics` inside a child: the same update rules, recorded for replay."""
+    """Stands in for `Metrics` inside a child: the same update rules, recorded for replay.
+
+    The assembler thread records while the child's main thread takes batches to send, so
+    both go through one lock (a family handle must never hold on to a list already sent).
+    """
 
     def __init__(self) -> None:
-        self.updates: list[Update] = []
+        self._lock = threading.Lock()
+        self._updates: list[Update] = []
 
     def __getitem__(self, name: str) -> _Child:
-        return _Child(self.updates, name, ())
+        return _Child(self, name, ())
 
     request_assembled = Metrics.request_assembled
 
+    def record(self, update: Update) -> None:
+        with self._lock:
+            self._updates.append(update)
+
     def take(self) -> list[Update]:
-        out, self.updates = self.updates, []
+        with self._lock:
+            out, self._updates = self._updates, []
         return out
 
 
@@ -117,12 +127,14 @@ def _child_main(settings_data: dict[str, Any], out: Any, stop: Any, index: int) 
         # Stop with the serve process, also when it was killed and could not say so.
         while not stop.value and os.getppid() == parent:
             time.sleep(0.05)
-            if metrics.updates:
-                out.put(metrics.take())
+            updates = metrics.take()
+            if updates:
+                out.put(updates)
     finally:
         assembler.stop()
-        if metrics.updates:
-            out.put(metrics.take())
+        updates = metrics.take()
+        if updates:
+            out.put(updates)
         if live is not None:
             live.stop()
         engine.dispose()

@@ -75,3 +75,29 @@ def test_recorded_updates_replay_to_the_same_exposition() -> None:
     exemplars = replayed.render("application/openmetrics-text")[0].decode()
     flag_series = 'llm_d_tracing_flags_total{flag="tcp_fallback",path_class="tcp_fallback"}'
     assert f"{flag_series} 1.0 # {{trace_id=" in exemplars
+
+
+def test_recording_while_batches_are_taken_loses_nothing() -> None:
+    """The child's assembler thread records through family handles made earlier while its main
+    thread takes batches away: every update must land in exactly one batch."""
+    import threading
+
+    from railtrace.ingest.workers import RecordedMetrics
+
+    recorded = RecordedMetrics()
+    handle = recorded["llm_d_tracing_requests"].labels("rdma_same_rail", "m")
+    done = threading.Event()
+    taken: list[tuple] = []
+
+    def take_until_done() -> None:
+        while not done.is_set():
+            taken.extend(recorded.take())
+        taken.extend(recorded.take())
+
+    reader = threading.Thread(target=take_until_done)
+    reader.start()
+    for _ in range(50_000):
+        handle.inc()
+    done.set()
+    reader.join()
+    assert len(taken) == 50_000

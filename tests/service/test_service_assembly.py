@@ -169,3 +169,29 @@ def test_retention_in_slices_leaves_the_rest_for_later_rounds(db_url: str) -> No
                 break
         assert passes == [2, 2, 2, 1, 0]
         assert svc.runtime.store.count_dirty() == 0
+
+
+def test_housekeeping_runs_while_a_backlog_keeps_the_loop_busy(db_url: str) -> None:
+    """The pending gauge and retention are refreshed between full pages, not only once the
+    backlog is gone."""
+    from railtrace.ingest.assembler import Assembler
+
+    with Service(settings_for(db_url, quiet_period_s=3600)) as svc:
+        rt = svc.runtime
+        rt.assembler.stop()
+        pages = iter([500, 500, 500, 0])
+        calls: list[str] = []
+
+        class Probe(Assembler):
+            def run_once(self, now_ns=None, limit=500):  # a backlog of three full pages
+                calls.append("page")
+                return next(pages, 0)
+
+            def _housekeeping(self) -> None:
+                calls.append("housekeeping")
+                if len(calls) >= 8:
+                    self._stop.set()
+
+        probe = Probe(rt.store, rt.settings, rt.metrics, rt.assembler.pipeline)
+        probe._run()
+        assert calls[:6] == ["page", "housekeeping"] * 3
