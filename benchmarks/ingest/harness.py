@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -61,6 +62,39 @@ def serve_process(
         log.close()
 
 
+def export(client: httpx.Client, body: bytes) -> int:
+    """POST one export call as an OTLP exporter does: on 429/503 wait `Retry-After` and send it
+    again; any other refusal raises. `client` carries the content type. Returns how many times
+    the call was throttled."""
+    throttled = 0
+    while True:
+        r = client.post("/v1/traces", content=body)
+        if r.status_code == 200:
+            return throttled
+        if r.status_code not in (429, 503):
+            raise RuntimeError(f"export failed: {r.status_code} {r.text[:200]}")
+        throttled += 1
+        time.sleep(float(r.headers.get("retry-after", "1")))
+
+
+def latency_ms(samples: Sequence[float]) -> dict[str, float]:
+    """p50, p99 (nearest rank) and max in milliseconds of latencies in seconds, and their count."""
+    s = sorted(samples)
+    if not s:
+        return {"n": 0.0}
+    return {
+        "p50_ms": statistics.median(s) * 1e3,
+        "p99_ms": s[min(len(s) - 1, int(len(s) * 0.99))] * 1e3,
+        "max_ms": s[-1] * 1e3,
+        "n": float(len(s)),
+    }
+
+
+def uptime() -> str:
+    """The machine's load, to print beside every figure taken on a shared machine."""
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
 def post_all(
     base: str | Sequence[str], calls: Sequence[bytes], clients: int, route: Sequence[int] | None = None
 ) -> tuple[float, int]:
@@ -83,17 +117,13 @@ def post_all(
                     if not queues[target]:
                         return
                     i = queues[target].pop()
-                while True:
-                    r = client.post("/v1/traces", content=calls[i])
-                    if r.status_code == 200:
-                        break
-                    if r.status_code in (429, 503):
-                        with lock:
-                            retries[0] += 1
-                        time.sleep(float(r.headers.get("retry-after", "1")))
-                        continue
-                    errors.append(f"{r.status_code} {r.text[:200]}")
+                try:
+                    throttled = export(client, calls[i])
+                except RuntimeError as exc:
+                    errors.append(str(exc))
                     return
+                with lock:
+                    retries[0] += throttled
 
     threads = [threading.Thread(target=worker, args=(t,)) for t in range(len(bases)) for _ in range(clients)]
     t0 = time.perf_counter()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -28,6 +27,9 @@ from railtrace.store import Store, make_engine
 from railtrace.store.queries import Cursor, RequestQuery
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks" / "ingest"))
+from harness import latency_ms  # noqa: E402
+
 HOUR_NS = 3_600 * 10**9
 
 
@@ -59,16 +61,6 @@ def pick(engine: Any) -> tuple[str, str, int, int]:
     (flag, node, hour), n = counts.most_common(1)[0]
     print(f"{flag} on {node}, hour {hour} before the newest request: {n} requests", flush=True)
     return flag, node, now - (hour + 1) * HOUR_NS, now - hour * HOUR_NS
-
-
-def pct(samples: list[float]) -> dict[str, float]:
-    s = sorted(samples)
-    return {
-        "p50_ms": statistics.median(s) * 1e3,
-        "p99_ms": s[min(len(s) - 1, int(len(s) * 0.99))] * 1e3,
-        "max_ms": s[-1] * 1e3,
-        "n": float(len(s)),
-    }
 
 
 def main() -> int:
@@ -106,7 +98,7 @@ def main() -> int:
                 times[label].append(time.perf_counter() - t)
         if pages["before"].items != pages["now"].items:
             raise AssertionError(f"page {depth} differs between the two stores")
-        res = {k: pct(v) for k, v in times.items()}
+        res = {k: latency_ms(v) for k, v in times.items()}
         out["depths"][depth] = res
         b, n = res["before"], res["now"]
         print(

@@ -37,7 +37,6 @@ import platform
 import random
 import shutil
 import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,7 +51,7 @@ from sqlalchemy import create_engine, func, select
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks" / "ingest"))
-from harness import free_port, post_all, serve_process  # noqa: E402
+from harness import free_port, latency_ms, post_all, serve_process  # noqa: E402
 from payload import SPANS_PER_TRACE, export_calls  # noqa: E402
 
 from railtrace.store.schema import spans as spans_table  # noqa: E402
@@ -97,16 +96,6 @@ def trace_ids_of(call: bytes) -> list[str]:
             for s in ss.spans:
                 seen.setdefault(s.trace_id.hex(), None)
     return list(seen)
-
-
-def percentiles(samples: Sequence[float]) -> dict[str, float]:
-    s = sorted(samples)
-    return {
-        "p50_ms": statistics.median(s) * 1e3,
-        "p99_ms": s[min(len(s) - 1, int(len(s) * 0.99))] * 1e3,
-        "max_ms": s[-1] * 1e3,
-        "n": float(len(s)),
-    }
 
 
 class Phoenix:
@@ -326,7 +315,7 @@ def measure(
                 elapsed = time.perf_counter() - t
                 if i >= WARMUP:
                     samples.setdefault(label, []).append(elapsed)
-    return {k: percentiles(v) for k, v in samples.items()}
+    return {k: latency_ms(v) for k, v in samples.items()}
 
 
 def git_commit() -> str:

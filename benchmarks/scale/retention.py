@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -48,7 +46,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks" / "ingest"))
 sys.path.insert(0, str(HERE))
 from bulk import BulkLoad, CopyPlan, dirty_count  # noqa: E402
-from harness import PROTOBUF, serve_process  # noqa: E402
+from harness import PROTOBUF, export, latency_ms, serve_process, uptime  # noqa: E402
 from payload import export_calls  # noqa: E402
 from traffic import _retag, capture  # noqa: E402
 
@@ -59,22 +57,6 @@ from run import Database  # noqa: E402  (benchmarks/ingest/run.py)
 
 HOUR_NS = 3_600 * 10**9
 DELETE_BATCH = 500  # Store.delete_older_than's default, which apply_retention uses
-
-
-def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-
-
-def pct(samples: list[float]) -> dict[str, float]:
-    s = sorted(samples)
-    if not s:
-        return {"n": 0.0}
-    return {
-        "p50_ms": statistics.median(s) * 1e3,
-        "p99_ms": s[min(len(s) - 1, int(len(s) * 0.99))] * 1e3,
-        "max_ms": s[-1] * 1e3,
-        "n": float(len(s)),
-    }
 
 
 def paced_post(base: str, calls: list[bytes], rate_spans: float, clients: int) -> dict[str, Any]:
@@ -102,19 +84,14 @@ def paced_post(base: str, calls: list[bytes], rate_spans: float, clients: int) -
                 if wait > 0:
                     time.sleep(wait)
                 sent = time.perf_counter()
-                while True:
-                    r = client.post("/v1/traces", content=calls[i])
-                    if r.status_code == 200:
-                        break
-                    if r.status_code in (429, 503):
-                        with lock:
-                            throttled[0] += 1
-                        time.sleep(float(r.headers.get("retry-after", "1")))
-                        continue
-                    errors.append(f"{r.status_code} {r.text[:200]}")
+                try:
+                    n = export(client, calls[i])
+                except RuntimeError as exc:
+                    errors.append(str(exc))
                     return
                 done = time.perf_counter()
                 with lock:
+                    throttled[0] += n
                     latencies.append(done - sent)
                     lateness.append(max(0.0, sent - due))
 
@@ -132,7 +109,7 @@ def paced_post(base: str, calls: list[bytes], rate_spans: float, clients: int) -
         "seconds": elapsed,
         "acked_spans_per_s": 512 * len(latencies) / elapsed,
         "throttled": throttled[0],
-        "export_latency": pct(latencies),
+        "export_latency": latency_ms(latencies),
         "send_behind_schedule_max_s": max(lateness, default=0.0),
     }
 
@@ -345,7 +322,7 @@ def run(args: argparse.Namespace, kind: str | None) -> dict[str, Any]:
                 "deleted_traces": deleted,
                 "batch_traces": DELETE_BATCH,
                 "batches": len(times),
-                "batch_duration": pct(times),
+                "batch_duration": latency_ms(times),
                 "deleting_s": sum(times),
             }
 

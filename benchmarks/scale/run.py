@@ -31,7 +31,6 @@ import os
 import platform
 import random
 import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,7 +49,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks" / "ingest"))
 sys.path.insert(0, str(HERE))
 from bulk import BulkLoad, CopyPlan, dirty_count  # noqa: E402
-from harness import post_all, rss_mb, serve_process  # noqa: E402
+from harness import latency_ms, post_all, rss_mb, serve_process, uptime  # noqa: E402
 from traffic import _retag, capture, copy_calls  # noqa: E402
 
 from railtrace.store import make_engine  # noqa: E402
@@ -62,16 +61,6 @@ from run import Database  # noqa: E402  (benchmarks/ingest/run.py)
 DAY_NS = 86_400 * 10**9
 HOUR_NS = 3_600 * 10**9
 PAGE = 100
-
-
-def percentiles(samples: list[float]) -> dict[str, float]:
-    s = sorted(samples)
-    return {
-        "p50_ms": statistics.median(s) * 1e3,
-        "p99_ms": s[min(len(s) - 1, int(len(s) * 0.99))] * 1e3,
-        "max_ms": s[-1] * 1e3,
-        "n": float(len(s)),
-    }
 
 
 def timed(client: httpx.Client, url: str, params: dict[str, Any] | None = None) -> tuple[float, Any]:
@@ -105,10 +94,6 @@ def storage(url: str, spans: int) -> dict[str, float]:
         "bytes_per_span": float(total) / spans,
         "bytes_per_span_without_wal": float(main_size) / spans,
     }
-
-
-def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
 def versions(db_url: str) -> dict[str, str]:
@@ -390,7 +375,7 @@ def queries(
                     {"group_by": "flag", "since": iso(now - DAY_NS), "until": iso(now)},
                 )[0]
             )
-    out.update({k: percentiles(v) for k, v in res.items()})
+    out.update({k: latency_ms(v) for k, v in res.items()})
     return out
 
 

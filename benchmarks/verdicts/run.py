@@ -49,7 +49,7 @@ from sqlalchemy import text
 HERE = Path(__file__).resolve().parent
 INGEST = HERE.parent / "ingest"
 sys.path.insert(0, str(INGEST))
-from harness import PROTOBUF, cpu_seconds, rss_mb, serve_process  # noqa: E402
+from harness import PROTOBUF, cpu_seconds, export, rss_mb, serve_process  # noqa: E402
 from payload import SPANS_PER_TRACE, export_calls  # noqa: E402
 
 
@@ -298,19 +298,6 @@ def sqlite_connections(pid: int, db_file: str) -> int:
     return n
 
 
-def post(client: httpx.Client, body: bytes, retries: list[int]) -> None:
-    """POST one export call the way an exporter does: retry on 429/503 after Retry-After."""
-    while True:
-        r = client.post("/v1/traces", content=body)
-        if r.status_code == 200:
-            return
-        if r.status_code in (429, 503):
-            retries[0] += 1
-            time.sleep(float(r.headers.get("retry-after", "1")))
-            continue
-        raise RuntimeError(f"export failed: {r.status_code} {r.text[:200]}")
-
-
 def flat_out(
     base: str,
     calls: Calls,
@@ -330,7 +317,7 @@ def flat_out(
             with httpx.Client(base_url=base, timeout=300, headers={"content-type": PROTOBUF}) as client:
                 while time.monotonic() < stop:
                     body, _ = calls.next()
-                    post(client, body, retries)
+                    retries[0] += export(client, body)
                     acks.append(time.monotonic() - t0)
         except Exception as exc:  # reported below; the other clients go on
             errors.append(repr(exc))
@@ -553,7 +540,7 @@ def latency_run(db: str, args: argparse.Namespace, rate: float, seed: int) -> di
                             sent = time.monotonic()
                             late.append(sent - due)
                             body, tids = calls[i]
-                            post(c, body, retries)
+                            retries[0] += export(c, body)
                             acked = time.monotonic()
                             acks.append((acked, i))
                             for k, tid in enumerate(tids):
