@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -51,6 +51,22 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'railtrace.db'}"
     else:
         yield from _pg_schema_url(request.getfixturevalue("pg_admin"))
+
+
+@pytest.fixture
+def new_database(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], str]:
+    """Make another fresh, empty database of a kind (`sqlite` or `postgresql`), as `db_url`
+    makes them, removed after the test: for tests that need two or more."""
+
+    def make(kind: str) -> str:
+        if kind == "sqlite":
+            return f"sqlite:///{tmp_path / f'railtrace-{uuid.uuid4().hex[:8]}.db'}"
+        schema = _pg_schema_url(request.getfixturevalue("pg_admin"))
+        url = next(schema)
+        request.addfinalizer(lambda: next(schema, None))
+        return url
+
+    return make
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

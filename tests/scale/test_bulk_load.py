@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import sys
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from railtrace.server.runner import Service
 from railtrace.settings import Settings
@@ -34,21 +32,9 @@ REQUESTS = 30
 
 
 @pytest.fixture
-def bulk_url(db_url: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+def bulk_url(db_url: str, new_database: Callable[[str], str]) -> str:
     """A second fresh database of the same kind as `db_url`."""
-    if db_url.startswith("sqlite"):
-        yield f"sqlite:///{tmp_path / 'bulk.db'}"
-        return
-    admin = request.getfixturevalue("pg_admin")
-    schema = f"rt_bulk_{uuid.uuid4().hex[:12]}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = make_url(db_url).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+    return new_database("sqlite" if db_url.startswith("sqlite") else "postgresql")
 
 
 def snapshot(url: str) -> dict[str, list[Any]]:

@@ -11,12 +11,10 @@ none lost, and the same verdict counts in /metrics (summed over replicas).
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,6 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from sqlalchemy import create_engine, func, select, text
-from sqlalchemy.engine import make_url
 
 from railtrace.server.runner import Service
 from railtrace.settings import Settings
@@ -46,7 +43,6 @@ CHUNK = 200  # spans per collector batch
 # its hops: /metrics counts a request at its first assembly, and a hop that arrives after that
 # (one replica or many alike) can count it twice. Rows and the API are right either way.
 QUIET_S = 4.0
-PG_URL = os.environ.get("RAILTRACE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
 class _Capture(SpanExporter):
@@ -144,31 +140,14 @@ def verdict_counts(urls: list[str]) -> dict[tuple[str, str], float]:
     return out
 
 
-def comparable(summary: dict[str, Any]) -> dict[str, Any]:
-    return summary
-
-
-def _schema(pg_admin: Any) -> Iterator[str]:
-    """A PostgreSQL schema of its own (selected through search_path), dropped afterwards."""
-    schema = f"rt_scaleout_{uuid.uuid4().hex[:12]}"
-    with pg_admin.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = make_url(PG_URL).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with pg_admin.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+@pytest.fixture
+def pg_url(new_database: Callable[[str], str]) -> str:
+    return new_database("postgresql")
 
 
 @pytest.fixture
-def pg_url(pg_admin: Any) -> Iterator[str]:
-    yield from _schema(pg_admin)
-
-
-@pytest.fixture
-def pg_url_b(pg_admin: Any) -> Iterator[str]:
-    yield from _schema(pg_admin)
+def pg_url_b(new_database: Callable[[str], str]) -> str:
+    return new_database("postgresql")
 
 
 def _settings(db: str, topo: Path) -> Settings:
@@ -214,7 +193,7 @@ def test_replicas_sharing_postgresql_give_the_verdicts_of_one(
     assert len(request_ids) == len(set(request_ids))
     if generation == "v0.8":  # hops in separate traces, joined across replicas
         assert all(len(r.get("trace_ids") or []) > 1 for r in shared)
-    assert [comparable(r) for r in shared] == [comparable(r) for r in single]
+    assert shared == single
     assert shared_counts == single_counts
 
 
