@@ -95,24 +95,13 @@ def _child_main(settings_data: dict[str, Any], out: Any, stop: Any, index: int) 
     """Entry point of one assembly process: the serve process's settings, its own engine."""
     from railtrace.ingest.assembler import Assembler, default_pipeline
     from railtrace.store import Store, make_engine
-    from railtrace.topology import TopologyHolder
+    from railtrace.topology import open_topology
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the serve process decides when to stop
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s assembly-{index} %(levelname)s %(message)s")
     settings = Settings.model_validate(settings_data)
     engine = make_engine(settings.db)
-    live = None
-    paths = list(settings.topology)
-    try:
-        from railtrace.topology.k8s_source import K8S_TOPOLOGY, start_live_topology, wants_live_topology
-
-        wants_live = wants_live_topology(paths)
-        paths = [p for p in paths if p != K8S_TOPOLOGY]
-    except ImportError:
-        wants_live = False
-    holder = TopologyHolder(paths)
-    if wants_live:
-        live = start_live_topology(holder, list(settings.topology))
+    holder, live = open_topology(list(settings.topology))
     metrics = RecordedMetrics()
     assembler = Assembler(
         Store(engine),

@@ -57,25 +57,13 @@ class Runtime:
 
     def _load_topology(self) -> None:
         try:
-            from railtrace.topology import TopologyHolder
+            from railtrace.topology import open_topology
         except ImportError as exc:
             self.topology_error = f"topology model unavailable: {exc}"
             log.warning(self.topology_error)
             return
-        paths = list(self.settings.topology)
-        live = False
-        try:
-            from railtrace.topology.k8s_source import K8S_TOPOLOGY, wants_live_topology
-
-            live = wants_live_topology(paths)
-            paths = [p for p in paths if p != K8S_TOPOLOGY]
-        except ImportError:
-            pass
-        self.topology_holder = TopologyHolder(paths)  # raises TopologyError on unreadable input
-        if live:
-            from railtrace.topology.k8s_source import start_live_topology
-
-            self._live_topology = start_live_topology(self.topology_holder, list(self.settings.topology))
+        # Raises TopologyError on unreadable input.
+        self.topology_holder, self._live_topology = open_topology(list(self.settings.topology))
 
     def topology(self) -> Any:
         if self.topology_holder is None:

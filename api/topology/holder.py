@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from railtrace.topology.loaders import TopologyError, load_paths
 from railtrace.topology.model import Topology
@@ -60,3 +61,14 @@ class TopologyHolder:
                 self.last_error = str(exc)
             raise
         return self.replace(topology)
+
+
+def open_topology(paths: Sequence[str]) -> tuple[TopologyHolder, Any]:
+    """The holder for topology `paths` (files, folders, and `k8s` for the live cluster) and the
+    started live cluster source, or None when no path asks for it. Raises `TopologyError` on
+    unreadable input."""
+    from railtrace.topology.k8s_source import K8S_TOPOLOGY, start_live_topology, wants_live_topology
+
+    holder = TopologyHolder([p for p in paths if p != K8S_TOPOLOGY])
+    live = start_live_topology(holder, list(paths)) if wants_live_topology(paths) else None
+    return holder, live
