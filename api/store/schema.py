@@ -115,3 +115,26 @@ request_flags = Table(
     Column("trace_id", String(32), primary_key=True),
 )
 Index("ix_request_flags_trace", request_flags.c.trace_id)
+
+# Per-hour rollup of `requests` and `request_flags`, kept in the transactions that write them
+# (see `rollup.py`), so a day's stats read ~24 rows per group instead of every request of the
+# day. One row per (dimension, hour, group key); the mean of a column is its sum over its
+# non-null count, exactly as AVG. Key encoding (no NULLs in the primary key): `key1..key3` hold
+# the group's values ('' where there is none or the value is NULL) and `key_nulls` has bit i set
+# when key i+1 is NULL, so '' and NULL stay distinct. dimension `flag`: key1 = flag name;
+# `path_class`: key1 = path class; `pair`: prefill_node, decode_node, pairing_level.
+stats_hourly = Table(
+    "stats_hourly",
+    metadata,
+    Column("dimension", String(16), primary_key=True),
+    Column("hour_ns", BigInteger, primary_key=True, autoincrement=False),  # start_ns floored to the hour
+    Column("key1", String(256), primary_key=True),
+    Column("key2", String(256), primary_key=True),
+    Column("key3", String(256), primary_key=True),
+    Column("key_nulls", Integer, primary_key=True, autoincrement=False),
+    Column("request_count", BigInteger, nullable=False),
+    Column("ttft_sum", Float, nullable=False),
+    Column("ttft_n", BigInteger, nullable=False),
+    Column("kv_sum", Float, nullable=False),
+    Column("kv_n", BigInteger, nullable=False),
+)
