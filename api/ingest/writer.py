@@ -34,16 +34,21 @@ class WriterUnavailable(Exception):
     """The writer is stopped or the database is failing (HTTP 503 / gRPC UNAVAILABLE)."""
 
 
-def prepare(body: bytes | ExportTraceServiceRequest, media: str = "application/x-protobuf") -> RowBatch:
+def prepare(
+    body: bytes | ExportTraceServiceRequest,
+    media: str = "application/x-protobuf",
+    content_free: bool = False,
+) -> RowBatch:
     """Parse an export call and build its rows (runs in the receiver's thread).
 
+    `content_free`: the caller's content filter has already ruled out content attributes.
     Raises `PayloadError` for a payload that cannot be parsed at all.
     """
     if isinstance(body, ExportTraceServiceRequest):
-        return rows_from_request(body)
+        return rows_from_request(body, content_free=content_free)
     if media == "application/json":
-        return rows_from_request(parse_json(body))
-    return rows_from_request(parse_protobuf(body), raw=body)
+        return rows_from_request(parse_json(body), content_free=content_free)
+    return rows_from_request(parse_protobuf(body), raw=body, content_free=content_free)
 
 
 class BulkWriter:

@@ -52,7 +52,9 @@ class TraceService:
                 context, grpc.StatusCode.RESOURCE_EXHAUSTED, code_pb2.RESOURCE_EXHAUSTED, "ingest is behind"
             )
         try:
-            batch = prepare(self.rt.content_filter.apply(request, "application/x-protobuf"))
+            content = self.rt.content_filter
+            filtered = content.apply(request, "application/x-protobuf")
+            batch = prepare(filtered, content_free=content.covers_content)
         except PayloadError as exc:
             metrics.export_done("grpc", "invalid")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

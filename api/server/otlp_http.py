@@ -79,7 +79,7 @@ def _inflate(data: bytes, wbits: int, limit: int) -> bytes:
 
 def _prepare(content: ContentFilter, raw: bytes, media: str) -> RowBatch:
     """Drop configured content attributes, then parse and build rows."""
-    return prepare(content.apply(raw, media), media)
+    return prepare(content.apply(raw, media), media, content_free=content.covers_content)
 
 
 def _encode(message: Message, json: bool) -> tuple[bytes, str]:

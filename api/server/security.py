@@ -18,7 +18,8 @@ import grpc
 import orjson
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from railtrace.otlp.decode import parse_json, parse_protobuf
+from railtrace.otlp.content import KeyScan
+from railtrace.otlp.decode import DEFAULT_DROP, parse_json, parse_protobuf
 from railtrace_tracing import semconv
 
 Scope = MutableMapping[str, Any]
@@ -180,6 +181,10 @@ class ContentFilter:
         self.exact = frozenset(exact)
         self.prefixes = tuple(prefixes)
         self.needles = tuple(sorted({k.encode() for k in (*self.exact, *self.prefixes) if k}))
+        self._scan = KeyScan(self.needles)
+        # Whether what passes this filter is free of every content attribute the store knows,
+        # so that the row builder need not search the call again.
+        self.covers_content = all(self.drops(k) for k in DEFAULT_DROP)
 
     def __bool__(self) -> bool:
         return bool(self.needles)
@@ -190,7 +195,7 @@ class ContentFilter:
     def may_match(self, raw: bytes, media: str = "application/x-protobuf") -> bool:
         if media == "application/json" and b"\\u" in raw:
             return True  # a key spelled with JSON escapes would slip past the byte scan
-        return any(n in raw for n in self.needles)
+        return self._scan(raw)
 
     def _strip(self, container: Any) -> int:
         dropped = 0

@@ -24,6 +24,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 from railtrace.model import Span
 from railtrace.normalize import normalize_request_id, normalize_span
 from railtrace.normalize.table import KEY_ATTRIBUTES
+from railtrace.otlp.content import KeyScan
 from railtrace.otlp.decode import (
     DEFAULT_DROP,
     MAX_EVENTS,
@@ -177,18 +178,7 @@ def _request_key(body: bytes, cache: dict[bytes, str | None]) -> str | None:
     return None
 
 
-# Substrings that between them occur in every content needle: six scans of an export call
-# instead of ten; only a hit pays for the exact check.
-_CONTENT_HINTS = (
-    b"gen_ai.completion",
-    b"messages\x12",
-    b"gen_ai.prompt",
-    b"instructions\x12",
-    b".value\x12",
-    b"llm.prompts",
-)
-if not all(any(h in n for h in _CONTENT_HINTS) for n in CONTENT_NEEDLES):  # pragma: no cover
-    raise ImportError("a content attribute is not covered by _CONTENT_HINTS")
+_CONTENT_SCAN = KeyScan(k.encode() for k in DEFAULT_DROP)
 
 
 def may_hold_content(raw: bytes) -> bool:
@@ -196,7 +186,7 @@ def may_hold_content(raw: bytes) -> bool:
 
     One scan of the whole export call spares the per-span check when (as usual) none does.
     """
-    return any(h in raw for h in _CONTENT_HINTS) and any(n in raw for n in CONTENT_NEEDLES)
+    return _CONTENT_SCAN(raw)
 
 
 def _fields(buf: bytes, start: int, end: int) -> list[tuple[int, int, int]]:
@@ -249,16 +239,21 @@ _ZERO_TRACE = bytes(16)
 _ZERO_SPAN = bytes(8)
 
 
-def rows_from_request(request: ExportTraceServiceRequest, raw: bytes | None = None) -> RowBatch:
+def rows_from_request(
+    request: ExportTraceServiceRequest, raw: bytes | None = None, content_free: bool = False
+) -> RowBatch:
     """Rows for every valid span of an export request; invalid spans are counted with a reason.
 
     `raw` is the request's own encoding when the caller has it: span blobs are cut out of it
-    (when it holds no content attributes) and it is scanned once for content attributes.
+    (when it holds no content attributes) and it is scanned once for content attributes,
+    unless the caller has ruled them out (`content_free`).
     This loop is the ingest hot path: each span field is read once, and validity is one
     expression for the usual case.
     """
     batch = RowBatch()
-    check_content = may_hold_content(raw if raw is not None else request.SerializeToString())
+    check_content = not content_free and may_hold_content(
+        raw if raw is not None else request.SerializeToString()
+    )
     slices = span_slices(raw) if raw is not None and not check_content else None
     seen: set[bytes] = set()
     key_cache: dict[bytes, str | None] = {}
