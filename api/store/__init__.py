@@ -1,8 +1,8 @@
 """Storage: SQLAlchemy schema, Alembic migrations, the span/trace write path and typed queries.
 
-One schema serves SQLite (WAL, embedded default) and PostgreSQL (production). A span is a
-few indexed columns plus its OTLP protobuf encoding as one blob; resources are stored once
-and referenced.
+One schema serves SQLite (WAL, embedded default) and PostgreSQL (production). The spans of a
+trace from one export call are one row (a chunk of their OTLP protobuf encodings); resources
+are stored once and referenced.
 """
 
 from railtrace.store.engine import make_engine, migrate

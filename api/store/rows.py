@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,11 @@ from railtrace.otlp.decode import (
 )
 from railtrace_tracing import semconv
 
-SpanRow = list[Any]  # column order of INSERT_COLUMNS in store.py; the writer sets received_ns
+# A trace's spans from one export call: [trace_id, chunk_id, received_ns (set by the writer at
+# commit), span_count, body, has_root]; the first five are the `span_chunks` columns.
+ChunkRow = list[Any]
+# A record of a chunk's body: the span's resource id, the length of its encoding, the encoding.
+RECORD_HEADER = struct.Struct(">QI")
 # A content attribute's key as it appears on the wire: length byte, key, AnyValue tag.
 CONTENT_NEEDLES = tuple(bytes([len(k)]) + k.encode() + b"\x12" for k in sorted(DEFAULT_DROP) if len(k) < 128)
 MAX_NAME = 512
@@ -44,9 +49,10 @@ MAX_KEY = 256
 
 @dataclass(slots=True)
 class RowBatch:
-    """Rows of one export call, ready for the writer: spans, resources, rejected spans."""
+    """Rows of one export call, ready for the writer: span chunks, resources, rejected spans."""
 
-    spans: list[SpanRow] = field(default_factory=list)
+    chunks: list[ChunkRow] = field(default_factory=list)
+    span_count: int = 0
     resources: dict[int, bytes] = field(default_factory=dict)
     keys: set[tuple[str, str]] = field(default_factory=set)  # (request key, trace id)
     rejected: int = 0
@@ -54,13 +60,40 @@ class RowBatch:
     dropped_content_attributes: int = 0
 
     def __len__(self) -> int:
-        return len(self.spans)
+        return self.span_count
 
     @property
     def error_message(self) -> str:
         head = "; ".join(self.errors[:5])
         more = len(self.errors) - 5
         return head + (f"; and {more} more" if more > 0 else "")
+
+
+def service_name_of(resource: dict[str, Any]) -> str:
+    service = resource.get(semconv.RES_SERVICE_NAME)
+    return (service if isinstance(service, str) else "unknown_service")[:256]
+
+
+def chunk_id(body: bytes) -> int:
+    """A chunk's id within its trace: a 63-bit hash of its body, so that an exporter's retry of
+    the same call (the same bytes) stores nothing new."""
+    return int.from_bytes(hashlib.blake2b(body, digest_size=8).digest(), "big") >> 1
+
+
+def chunk_records(body: bytes) -> list[tuple[int, bytes]]:
+    """(resource id, span encoding) of each record of a chunk body. Raises ValueError on bad
+    framing."""
+    out = []
+    pos, end = 0, len(body)
+    unpack, size = RECORD_HEADER.unpack_from, RECORD_HEADER.size
+    while pos < end:
+        rid, n = unpack(body, pos)
+        pos += size
+        if pos + n > end:
+            raise ValueError("span record runs past its chunk")
+        out.append((rid, body[pos : pos + n]))
+        pos += n
+    return out
 
 
 def resource_key(resource: dict[str, Any], scope: str) -> tuple[int, bytes]:
@@ -244,11 +277,12 @@ def rows_from_request(
 ) -> RowBatch:
     """Rows for every valid span of an export request; invalid spans are counted with a reason.
 
-    `raw` is the request's own encoding when the caller has it: span blobs are cut out of it
-    (when it holds no content attributes) and it is scanned once for content attributes,
-    unless the caller has ruled them out (`content_free`).
-    This loop is the ingest hot path: each span field is read once, and validity is one
-    expression for the usual case.
+    A trace's spans from one call become one chunk row: a span's own encoding is a record of
+    the chunk's body, next to its resource id. `raw` is the request's own encoding when the
+    caller has it: span encodings are cut out of it (when it holds no content attributes) and
+    it is scanned once for content attributes, unless the caller has ruled them out
+    (`content_free`). This loop is the ingest hot path: each span field is read once, and
+    validity is one expression for the usual case.
     """
     batch = RowBatch()
     check_content = not content_free and may_hold_content(
@@ -258,14 +292,14 @@ def rows_from_request(
     seen: set[bytes] = set()
     key_cache: dict[bytes, str | None] = {}
     result = DecodeResult()
-    out = batch.spans
+    parts: dict[bytes, list[bytes]] = {}  # trace id -> its records' pieces, in order
+    roots: set[bytes] = set()
     keys = batch.keys
     lo, hi = MIN_TIME_NS, MAX_TIME_NS
+    pack = RECORD_HEADER.pack
     scope_index = -1
     for rs in request.resource_spans:
         resource = attributes(rs.resource.attributes, DEFAULT_DROP, result)
-        service = resource.get(semconv.RES_SERVICE_NAME)
-        service_name = (service if isinstance(service, str) else "unknown_service")[:256]
         for ss in rs.scope_spans:
             scope_index += 1
             rid, blob = resource_key(resource, ss.scope.name[:256])
@@ -274,18 +308,17 @@ def rows_from_request(
             if bodies is not None and len(bodies) != len(ss.spans):
                 bodies = None
             last_tid = b""
-            tid_hex = ""
+            pieces: list[bytes] = []
             for i, s in enumerate(ss.spans):
                 tid = s.trace_id
                 sid = s.span_id
                 parent = s.parent_span_id
                 start = s.start_time_unix_nano
-                end = s.end_time_unix_nano
                 if (
                     len(tid) != 16
                     or len(sid) != 8
                     or (parent and len(parent) != 8)
-                    or not (lo <= start <= end < hi)
+                    or not (lo <= start <= s.end_time_unix_nano < hi)
                     or tid == _ZERO_TRACE
                     or sid == _ZERO_SPAN
                 ):
@@ -306,49 +339,55 @@ def rows_from_request(
                         body = s.SerializeToString()
                 if tid != last_tid:
                     last_tid = tid
-                    tid_hex = tid.hex()
+                    pieces = parts.setdefault(tid, [])
+                if not parent:
+                    roots.add(tid)
                 request_key = _request_key(body, key_cache)
                 if request_key:
-                    keys.add((request_key, tid_hex))
-                name = s.name
-                out.append(
-                    [
-                        tid_hex,
-                        sid.hex(),
-                        parent.hex() if parent else None,
-                        name if len(name) <= MAX_NAME else name[:MAX_NAME],
-                        service_name,
-                        start,
-                        end,
-                        s.status.code,
-                        rid,
-                        0,  # received_ns: set by the writer at commit
-                        body,
-                    ]
-                )
+                    keys.add((request_key, tid.hex()))
+                pieces.append(pack(rid, len(body)))
+                pieces.append(body)
+    chunks = batch.chunks
+    for tid, pieces in parts.items():
+        body = b"".join(pieces)
+        chunks.append([tid.hex(), chunk_id(body), 0, len(pieces) // 2, body, tid in roots])
+    batch.span_count = len(seen)
     batch.dropped_content_attributes += result.dropped_content_attributes
     return batch
 
 
-def span_from_row(row: Any, resource: dict[str, Any], normalize: bool = True) -> Span:
-    """A stored span back as a `Span`, attributes decoded and bounded here, normalised unless
-    the caller normalises itself."""
-    pb = PbSpan.FromString(row.body)
+def spans_from_chunk(
+    trace_id: str, body: bytes, resources: dict[int, dict[str, Any]], normalize: bool = True
+) -> list[Span]:
+    """The spans of a stored chunk, attributes decoded and bounded here, normalised unless the
+    caller normalises itself. `resources` maps resource ids to their stored JSON."""
+    out = []
+    for rid, encoding in chunk_records(body):
+        pb = PbSpan.FromString(encoding)
+        resource = resources.get(rid, {})
+        out.append(span_from_pb(trace_id, pb, resource, normalize))
+    return out
+
+
+def span_from_pb(trace_id: str, pb: PbSpan, resource: dict[str, Any], normalize: bool = True) -> Span:
+    """A stored span back as a `Span`, by the same bounds as ingest applied."""
     result = DecodeResult()
+    attrs = resource.get("resource", {})
+    name = pb.name
     span = Span(
-        trace_id=row.trace_id,
-        span_id=row.span_id,
-        parent_span_id=row.parent_span_id,
-        name=row.name,
+        trace_id=trace_id,
+        span_id=pb.span_id.hex(),
+        parent_span_id=pb.parent_span_id.hex() or None,
+        name=name if len(name) <= MAX_NAME else name[:MAX_NAME],
         kind=int(pb.kind),
-        start_ns=row.start_ns,
-        end_ns=row.end_ns,
-        status_code=row.status_code,
+        start_ns=pb.start_time_unix_nano,
+        end_ns=pb.end_time_unix_nano,
+        status_code=int(pb.status.code),
         status_message=pb.status.message[:1024],
-        service_name=row.service_name,
+        service_name=service_name_of(attrs),
         scope_name=resource.get("scope", ""),
         attributes=attributes(pb.attributes, DEFAULT_DROP, result),
-        resource=resource.get("resource", {}),
+        resource=attrs,
         events=[
             {
                 "name": e.name[:256],

@@ -1,10 +1,11 @@
 """Tables. The Alembic migrations create exactly these (a test compares them).
 
-Why this shape: ingest must reach tens of thousands of spans per second, so a span is one
-row with the columns queries filter and join on and a single blob for everything else (its
-OTLP protobuf encoding: attributes, events, status message). Resource attribute sets (with
-the instrumentation scope) repeat across every span of a process, so they are stored once,
-keyed by a hash. See `rows.py`.
+Why this shape: ingest must reach tens of thousands of spans per second, so spans are not rows:
+the spans of one trace from one export call are one row of `span_chunks`, keyed by trace, with
+each span's own OTLP protobuf encoding (attributes, events, status message) kept as received.
+What queries filter on lives in `traces` (per trace) and `requests` (per assembled request).
+Resource attribute sets (with the instrumentation scope) repeat across every span of a
+process, so they are stored once, keyed by a hash. See `rows.py`.
 """
 
 from __future__ import annotations
@@ -32,20 +33,19 @@ resources = Table(
     Column("attributes", LargeBinary, nullable=False),  # JSON {"resource": {...}, "scope": name}
 )
 
-spans = Table(
-    "spans",
+# A trace's spans from one export call, as one row: an llm-d request is ~8-25 spans from a few
+# processes, and a row per span made the insert (and its primary-key index) most of ingest's
+# cost. Nothing queries a single span: the assembler and the trace API read whole traces.
+span_chunks = Table(
+    "span_chunks",
     metadata,
     Column("trace_id", String(32), primary_key=True),
-    Column("span_id", String(16), primary_key=True),
-    Column("parent_span_id", String(16)),
-    Column("name", String(512), nullable=False),
-    Column("service_name", String(256), nullable=False),
-    Column("start_ns", BigInteger, nullable=False),
-    Column("end_ns", BigInteger, nullable=False),
-    Column("status_code", Integer, nullable=False),
-    Column("resource_id", BigInteger, nullable=False),
+    Column("chunk_id", BigInteger, primary_key=True, autoincrement=False),  # hash of body
     Column("received_ns", BigInteger, nullable=False),
-    Column("body", LargeBinary, nullable=False),  # the OTLP protobuf Span, content attributes removed
+    Column("span_count", Integer, nullable=False),
+    # Records of (resource id: 8 bytes, length: 4 bytes, the OTLP protobuf Span minus content
+    # attributes), big-endian; see rows.py.
+    Column("body", LargeBinary, nullable=False),
 )
 
 # Request join keys per trace (not per span: a request's spans repeat the same few keys), so

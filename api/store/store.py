@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 from sqlalchemy import Connection, Engine, and_, bindparam, delete, func, or_, select, text, update
 
 from railtrace.model import RequestSummary, Span
@@ -16,15 +17,12 @@ from railtrace.store.engine import is_sqlite
 from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
 from railtrace.store.rollup import DIMENSIONS, HOUR_NS, REQUEST_COLUMNS, RollupDelta
 from railtrace.store.rollup import read as rollup_read
-from railtrace.store.rows import RowBatch, span_from_row
-from railtrace.store.schema import request_flags, requests, resources, spans, trace_keys, traces
+from railtrace.store.rows import RowBatch, chunk_records, spans_from_chunk
+from railtrace.store.schema import request_flags, requests, resources, span_chunks, trace_keys, traces
 
-INSERT_COLUMNS = (
-    "trace_id, span_id, parent_span_id, name, service_name, start_ns, end_ns, "
-    "status_code, resource_id, received_ns, body"
-)
+INSERT_COLUMNS = "trace_id, chunk_id, received_ns, span_count, body"
 MAX_KNOWN_RESOURCES = 100_000
-_COPY_TYPES = ["text", "text", "text", "text", "text", "int8", "int8", "int4", "int8", "int8", "bytea"]
+_COPY_TYPES = ["text", "int8", "int8", "int4", "bytea"]
 
 
 @dataclass(slots=True)
@@ -51,8 +49,8 @@ class Store:
         p = "?" if self.sqlite else "%s"
         self._known_resources: set[int] = set()
         self._last_received_ns = 0
-        self._sql_span = (
-            f"INSERT INTO spans ({INSERT_COLUMNS}) VALUES ({', '.join([p] * 11)}) ON CONFLICT DO NOTHING"
+        self._sql_chunk = (
+            f"INSERT INTO span_chunks ({INSERT_COLUMNS}) VALUES ({', '.join([p] * 5)}) ON CONFLICT DO NOTHING"
         )
         self._sql_key = (
             f"INSERT INTO trace_keys (request_key, trace_id) VALUES ({p}, {p}) ON CONFLICT DO NOTHING"
@@ -79,22 +77,25 @@ class Store:
         return now
 
     def insert_batches(self, batches: Sequence[RowBatch]) -> InsertResult:
-        """Insert the spans of several export calls in one transaction (group commit).
+        """Insert the span chunks of several export calls in one transaction (group commit).
 
-        Duplicates (same trace_id and span_id, within the commit or already stored) are
-        ignored and counted; only traces that got new spans are marked for (re)assembly.
-        Called from the single writer thread. The rows are the batches' own lists, stamped
-        with this commit's receive time in place (no copy per span).
+        A chunk already stored (same trace, same bytes: an exporter's retry) is ignored and its
+        spans counted as duplicates; only traces that got new chunks are marked for
+        (re)assembly. A span re-sent inside different bytes is stored again and dropped when
+        read (`load_spans` keeps the first copy). Called from the single writer thread; the
+        rows are the batches' own lists, stamped with this commit's receive time in place.
         """
         received = self._received_ns()
         rows: list[list[Any]] = []
         new_resources: dict[int, bytes] = {}
         keys: set[tuple[str, str]] = set()
+        total = 0
         for b in batches:
             keys |= b.keys
-            for r in b.spans:
-                r[9] = received
-            rows += b.spans
+            total += b.span_count
+            for r in b.chunks:
+                r[2] = received
+            rows += b.chunks
             for rid, blob in b.resources.items():
                 if rid not in self._known_resources:
                     new_resources[rid] = blob
@@ -103,27 +104,24 @@ class Store:
         with self.engine.begin() as conn:
             if new_resources:
                 conn.exec_driver_sql(self._sql_resource, list(new_resources.items()))
-            inserted = self._insert_spans(conn, rows)
-            if inserted >= len(rows):
-                inserted = len(rows)
-                counts = Counter(r[0] for r in rows)
-                roots = {r[0] for r in rows if r[2] is None}
-            else:  # some were duplicates: count only the rows this commit wrote
-                trace_ids = sorted({r[0] for r in rows})
-                parentless = {(r[0], r[1]) for r in rows if r[2] is None}
-                counts = Counter()
-                roots = set()
-                for chunk in _chunks(trace_ids, 500):
+            new = self._insert_chunks(conn, rows)
+            if new < len(rows):  # some were already stored: count only the chunks this commit wrote
+                written: set[tuple[str, int]] = set()
+                for chunk in _chunks(sorted({r[0] for r in rows}), 500):
                     found = conn.execute(
-                        select(spans.c.trace_id, spans.c.span_id).where(
-                            spans.c.trace_id.in_(chunk), spans.c.received_ns == received
+                        select(span_chunks.c.trace_id, span_chunks.c.chunk_id).where(
+                            span_chunks.c.trace_id.in_(chunk), span_chunks.c.received_ns == received
                         )
                     )
-                    for tid, sid in found:
-                        counts[tid] += 1
-                        if (tid, sid) in parentless:
-                            roots.add(tid)
-                inserted = sum(counts.values())
+                    written.update((tid, cid) for tid, cid in found)
+                # Each written chunk once (the same retry may have been queued twice).
+                rows = list({(r[0], r[1]): r for r in rows if (r[0], r[1]) in written}.values())
+            counts: Counter[str] = Counter()
+            roots = set()
+            for r in rows:
+                counts[r[0]] += r[3]
+                if r[5]:
+                    roots.add(r[0])
             if keys:
                 conn.exec_driver_sql(self._sql_key, sorted(keys))
             if counts:
@@ -134,10 +132,12 @@ class Store:
         if len(self._known_resources) > MAX_KNOWN_RESOURCES:
             self._known_resources.clear()
         self._known_resources.update(new_resources)
-        return InsertResult(inserted, len(rows) - inserted)
+        inserted = sum(counts.values())
+        return InsertResult(inserted, total - inserted)
 
-    def _insert_spans(self, conn: Connection, rows: list[list[Any]]) -> int:
-        """Insert span rows, skipping ones already stored; returns how many were new.
+    def _insert_chunks(self, conn: Connection, rows: list[list[Any]]) -> int:
+        """Insert chunk rows, skipping ones already stored; returns how many were new (more than
+        `len(rows)` when the driver cannot tell, which sends the caller the careful way).
 
         PostgreSQL: binary COPY into a per-connection staging table, then one INSERT ... SELECT
         with ON CONFLICT DO NOTHING -- several times cheaper than row-by-row parameter binding
@@ -147,21 +147,21 @@ class Store:
         cur = dbapi.cursor()
         try:
             if self.sqlite:
-                cur.executemany(self._sql_span, rows)
+                cur.executemany(self._sql_chunk, [r[:5] for r in rows])
                 n = cur.rowcount
-                return len(rows) + 1 if n is None or n < 0 else n  # unknown: take the careful path
-            if not dbapi.info.get("railtrace_staging"):
+                return len(rows) + 1 if n is None or n < 0 else n
+            if not dbapi.info.get("railtrace_staging_chunks"):
                 cur.execute(
-                    "CREATE TEMP TABLE IF NOT EXISTS railtrace_spans_in (LIKE spans INCLUDING DEFAULTS)"
-                    " ON COMMIT DELETE ROWS"
+                    "CREATE TEMP TABLE IF NOT EXISTS railtrace_chunks_in"
+                    " (LIKE span_chunks INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
                 )
-                dbapi.info["railtrace_staging"] = True
-            with cur.copy(f"COPY railtrace_spans_in ({INSERT_COLUMNS}) FROM STDIN (FORMAT BINARY)") as copy:
+                dbapi.info["railtrace_staging_chunks"] = True
+            with cur.copy(f"COPY railtrace_chunks_in ({INSERT_COLUMNS}) FROM STDIN (FORMAT BINARY)") as copy:
                 copy.set_types(_COPY_TYPES)
                 for r in rows:
-                    copy.write_row(r)
+                    copy.write_row(r[:5])
             cur.execute(
-                f"INSERT INTO spans ({INSERT_COLUMNS}) SELECT {INSERT_COLUMNS} FROM railtrace_spans_in"
+                f"INSERT INTO span_chunks ({INSERT_COLUMNS}) SELECT {INSERT_COLUMNS} FROM railtrace_chunks_in"
                 " ON CONFLICT DO NOTHING"
             )
             return cur.rowcount
@@ -291,24 +291,48 @@ class Store:
 
     def load_spans(self, trace_ids: Iterable[str], normalize: bool = True) -> list[Span]:
         """Spans of these traces, attributes decoded; normalised unless the caller (assembly,
-        which normalises itself) says not to."""
+        which normalises itself) says not to. A span stored twice (re-sent in a different
+        export call) is returned once, as first received."""
         ids = sorted(set(trace_ids))
         out: list[Span] = []
         resource_cache: dict[int, dict[str, Any]] = {}
+        sc = span_chunks.c
         with self.engine.connect() as conn:
-            for chunk in _chunks(ids, 200):
+            for group in _chunks(ids, 200):
                 rows = conn.execute(
-                    select(spans)
-                    .where(spans.c.trace_id.in_(chunk))
-                    .order_by(spans.c.start_ns, spans.c.span_id)
+                    select(sc.trace_id, sc.body)
+                    .where(sc.trace_id.in_(group))
+                    .order_by(sc.trace_id, sc.received_ns, sc.chunk_id)
                 ).all()
-                missing = {r.resource_id for r in rows} - resource_cache.keys()
+                missing = {rid for r in rows for rid, _ in chunk_records(r.body)} - resource_cache.keys()
                 if missing:
                     for rid, blob in conn.execute(
                         select(resources.c.id, resources.c.attributes).where(resources.c.id.in_(missing))
                     ):
                         resource_cache[rid] = orjson.loads(blob)
-                out.extend(span_from_row(r, resource_cache.get(r.resource_id, {}), normalize) for r in rows)
+                seen: set[tuple[str, str]] = set()
+                spans: list[Span] = []
+                for r in rows:
+                    for span in spans_from_chunk(r.trace_id, r.body, resource_cache, normalize):
+                        if (span.trace_id, span.span_id) not in seen:
+                            seen.add((span.trace_id, span.span_id))
+                            spans.append(span)
+                spans.sort(key=lambda sp: (sp.start_ns, sp.span_id))
+                out += spans
+        return out
+
+    def count_spans(self) -> int:
+        """Spans stored (a span re-sent inside a different export call counts twice)."""
+        with self.engine.connect() as conn:
+            total = conn.execute(select(func.sum(span_chunks.c.span_count))).scalar_one()
+        return int(total or 0)
+
+    def span_ids(self) -> set[tuple[str, str]]:
+        """(trace id, span id) of every stored span; reads every chunk, so for checks and tests."""
+        out: set[tuple[str, str]] = set()
+        with self.engine.connect() as conn:
+            for tid, body in conn.execute(select(span_chunks.c.trace_id, span_chunks.c.body)):
+                out.update((tid, PbSpan.FromString(enc).span_id.hex()) for _, enc in chunk_records(body))
         return out
 
     def previous_summaries(self, trace_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
@@ -516,7 +540,7 @@ class Store:
             ]
             if not ids:
                 return 0
-            conn.execute(delete(spans).where(spans.c.trace_id.in_(ids)))
+            conn.execute(delete(span_chunks).where(span_chunks.c.trace_id.in_(ids)))
             conn.execute(delete(trace_keys).where(trace_keys.c.trace_id.in_(ids)))
             delta = RollupDelta()
             _delete_requests(conn, ids, delta)

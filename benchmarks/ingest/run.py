@@ -37,7 +37,6 @@ from railtrace.ingest import prepare  # noqa: E402
 from railtrace.otlp import decode  # noqa: E402
 from railtrace.otlp.decode import parse_protobuf  # noqa: E402
 from railtrace.store import Store, make_engine, migrate  # noqa: E402
-from railtrace.store.schema import spans as spans_table  # noqa: E402
 from railtrace.store.schema import traces as traces_table  # noqa: E402
 
 PG_ADMIN = os.environ.get("RAILTRACE_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -112,8 +111,7 @@ def end_to_end(calls: list[bytes], db: str, clients: int, quiet_period: float | 
             elapsed, retries = post_all(base, calls, clients)
             server_cpu = cpu_seconds(proc.pid) - cpu0
             engine = create_engine(database.url)
-            with engine.connect() as conn:
-                stored = conn.execute(select(func.count()).select_from(spans_table)).scalar_one()
+            stored = Store(engine).count_spans()
             if stored != n_spans:
                 raise RuntimeError(f"{stored} spans stored, {n_spans} acknowledged")
             assembled_rate = None

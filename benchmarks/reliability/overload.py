@@ -124,9 +124,9 @@ def raw_drive(
 
 
 def main_raw(args: argparse.Namespace) -> int:
-    from sqlalchemy import create_engine, func, select
+    from sqlalchemy import create_engine
 
-    from railtrace.store.schema import spans as spans_table
+    from railtrace.store import Store
 
     pool = raw_pool(args.pool_spans)
     with tempfile.TemporaryDirectory() as tmp:
@@ -158,8 +158,7 @@ def main_raw(args: argparse.Namespace) -> int:
                 time.sleep(0.2)
             recovered_s = time.monotonic() - t0
             engine = create_engine(db)
-            with engine.connect() as conn:
-                stored_count = conn.execute(select(func.count()).select_from(spans_table)).scalar_one()
+            stored_count = Store(engine).count_spans()
             engine.dispose()
             lost_official = len(ledger.acked - stored(db))
             acked_raw = probe["accepted_spans"] + load["accepted_spans"]

@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "ingest"))
 from harness import free_port, latency_ms, post_all, serve_process  # noqa: E402
 from payload import SPANS_PER_TRACE, export_calls  # noqa: E402
 
-from railtrace.store.schema import spans as spans_table  # noqa: E402
+from railtrace.store import Store  # noqa: E402
 from railtrace.store.schema import traces as traces_table  # noqa: E402
 
 SPANS_PER_CALL = 512
@@ -179,8 +179,7 @@ def load_railtrace(
     acked, retries = post_all(base, calls, clients)
     engine = create_engine(db_url)
     try:
-        with engine.connect() as conn:
-            stored = conn.execute(select(func.count()).select_from(spans_table)).scalar_one()
+        stored = Store(engine).count_spans()
         if stored != total:
             raise RuntimeError(f"railtrace holds {stored} spans, {total} acknowledged")
         while True:

@@ -133,7 +133,8 @@ def stored(url: str, calls: list[bytes]) -> int:
         for i in range(0, len(ids), 500):
             chunk = ids[i : i + 500]
             marks = ", ".join(f"'{t}'" for t in chunk)
-            n += conn.execute(text(f"SELECT count(*) FROM spans WHERE trace_id IN ({marks})")).scalar_one()
+            sql = f"SELECT sum(span_count) FROM span_chunks WHERE trace_id IN ({marks})"
+            n += conn.execute(text(sql)).scalar_one() or 0
     engine.dispose()
     return n
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from sqlalchemy import create_engine, func, select
+from sqlalchemy import create_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks" / "ingest"))
@@ -33,7 +33,7 @@ from payload import export_calls  # noqa: E402
 from ring import TraceIdRing  # noqa: E402
 from run import Database  # noqa: E402
 
-from railtrace.store.schema import spans as spans_table  # noqa: E402
+from railtrace.store import Store  # noqa: E402
 
 
 def partition(calls: list[bytes], replicas: int) -> tuple[list[bytes], list[int]]:
@@ -82,8 +82,7 @@ def one_run(calls: list[bytes], replicas: int, clients: int, n_spans: int) -> di
             for cm in reversed(stack):
                 cm.__exit__(None, None, None)
         engine = create_engine(database.url)
-        with engine.connect() as conn:
-            stored = conn.execute(select(func.count()).select_from(spans_table)).scalar_one()
+        stored = Store(engine).count_spans()
         engine.dispose()
         if stored != n_spans:
             raise RuntimeError(f"{stored} spans stored, {n_spans} acknowledged")

@@ -741,7 +741,7 @@ def memory_terms(seed: int = 7, n_calls: int = 8) -> dict[str, float]:
         migrate(engine)
         store = Store(engine)
         store.insert_batches(batches)
-        tids = {r[0] for b in batches for r in b.spans}
+        tids = {r[0] for b in batches for r in b.chunks}
         del batches
         gc.collect()
         tracemalloc.start()

@@ -28,8 +28,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from reliability_helpers import free_port
 from sqlalchemy import create_engine, select
 
+from railtrace.store import Store
 from railtrace.store.schema import requests as requests_table
-from railtrace.store.schema import spans as spans_table
 
 # The exporters log every failed attempt; a killed server makes many on purpose.
 for _name in (
@@ -181,8 +181,7 @@ class Senders:
 def stored(db_url: str) -> set[tuple[str, str]]:
     engine = create_engine(db_url)
     try:
-        with engine.connect() as conn:
-            return {(r[0], r[1]) for r in conn.execute(select(spans_table.c.trace_id, spans_table.c.span_id))}
+        return Store(engine).span_ids()
     finally:
         engine.dispose()
 

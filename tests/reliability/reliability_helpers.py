@@ -7,9 +7,9 @@ import socket
 from typing import Any
 
 import httpx
-from sqlalchemy import create_engine, select
+from sqlalchemy import create_engine
 
-from railtrace.store.schema import spans as spans_table
+from railtrace.store import Store
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -35,11 +35,9 @@ def stored_keys(db_url: str) -> set[tuple[str, str]]:
     """(trace_id, span_id) of every stored span, read with a connection of our own."""
     engine = create_engine(db_url)
     try:
-        with engine.connect() as conn:
-            rows = conn.execute(select(spans_table.c.trace_id, spans_table.c.span_id)).all()
+        return Store(engine).span_ids()
     finally:
         engine.dispose()
-    return {(r[0], r[1]) for r in rows}
 
 
 def rss_bytes(pid: int | str = "self") -> int:

@@ -20,4 +20,4 @@ def test_rows_never_hold_content_in_links() -> None:
     link.attributes.add(key="gen_ai.input.messages").value.string_value = SECRET.decode()
     batch = rows_from_request(req, raw=req.SerializeToString())
     assert len(batch) == 1
-    assert SECRET not in batch.spans[0][-1]  # the stored blob
+    assert SECRET not in batch.chunks[0][4]  # the stored blob

@@ -106,7 +106,7 @@ def settled(url: str, spans: int, quiet_s: float) -> list[dict[str, Any]]:
         stable_since = time.monotonic()
         while time.monotonic() < deadline:
             with engine.connect() as conn:
-                stored = conn.execute(text("SELECT count(*) FROM spans")).scalar_one()
+                stored = conn.execute(text("SELECT sum(span_count) FROM span_chunks")).scalar_one() or 0
                 dirty = conn.execute(
                     select(func.count()).select_from(traces_table).where(traces_table.c.dirty.is_(True))
                 ).scalar_one()

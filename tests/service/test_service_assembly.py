@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 
 from railtrace.server.runner import Service
 from railtrace.store.schema import requests as requests_table
-from railtrace.store.schema import spans as spans_table
+from railtrace.store.schema import span_chunks
 from railtrace.store.schema import traces as traces_table
 
 HOUR_NS = 3600 * 10**9
@@ -151,7 +151,7 @@ def test_retention_deletes_old_traces_in_batches(db_url: str) -> None:
         assert svc.runtime.assembler.apply_retention(now_ns=time.time_ns()) == 0
         assert svc.runtime.assembler.apply_retention(now_ns=later()) == 7
         with svc.runtime.engine.connect() as conn:
-            for table in (spans_table, traces_table, requests_table):
+            for table in (span_chunks, traces_table, requests_table):
                 assert conn.execute(select(func.count()).select_from(table)).scalar_one() == 0
 
 

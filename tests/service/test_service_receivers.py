@@ -26,10 +26,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from service_helpers import export_request, settings_for, span_id, trace_id, wait_for
-from sqlalchemy import create_engine, func, select, text
+from sqlalchemy import create_engine, select, text
 
 from railtrace.server.runner import Service
-from railtrace.store.schema import spans as spans_table
+from railtrace.store.schema import span_chunks
 from railtrace.store.schema import traces as traces_table
 
 PROTOBUF = "application/x-protobuf"
@@ -50,8 +50,7 @@ def post(svc: Service, body: bytes, ctype: str = PROTOBUF, encoding: str | None 
 
 
 def stored_spans(svc: Service) -> int:
-    with svc.runtime.engine.connect() as conn:
-        return conn.execute(select(func.count()).select_from(spans_table)).scalar_one()
+    return svc.runtime.store.count_spans()
 
 
 def metric(svc: Service, name: str, labels: str = "") -> float:
@@ -235,7 +234,7 @@ def _lock_spans(db_url: str):
         conn.exec_driver_sql("BEGIN IMMEDIATE")
     else:
         conn.begin()
-        conn.execute(text("LOCK TABLE spans IN EXCLUSIVE MODE"))
+        conn.execute(text("LOCK TABLE span_chunks IN EXCLUSIVE MODE"))
     return engine, conn
 
 
@@ -328,5 +327,5 @@ def test_content_is_never_stored(service: Service) -> None:
     assert "gen_ai.input.messages" not in root["attributes"]
     assert root["events"][0]["attributes"] == {"finish_reason": "stop"}
     with service.runtime.engine.connect() as conn:
-        blobs = conn.execute(select(spans_table.c.body)).scalars().all()
+        blobs = conn.execute(select(span_chunks.c.body)).scalars().all()
     assert blobs and not any(secret.encode() in bytes(b) for b in blobs)
