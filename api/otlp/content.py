@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from railtrace_tracing import semconv
 
-HINT_WIDTH = 12  # shorter hints are found more often and searched more slowly
+HINT_WIDTH = 8  # measured fastest over a 512-span call: fewer hints than 12, longer skips than 6
 # Keys railtrace knows that are not content: hints must not be found inside them.
 KNOWN_KEYS = tuple(a.key.encode() for a in semconv.ATTRIBUTES if not a.content)
 

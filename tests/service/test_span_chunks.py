@@ -17,10 +17,18 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from sqlalchemy import Engine, text
 
 from railtrace.ingest import prepare
+from railtrace.normalize import span_request_keys
+from railtrace.otlp import decode
 from railtrace.otlp.decode import DEFAULT_DROP, DecodeResult, attributes, parse_protobuf
 from railtrace.store import Store, make_engine, migrate
 from railtrace.store.engine import alembic_config
-from railtrace.store.rows import RECORD_HEADER, chunk_records, resource_key, service_name_of
+from railtrace.store.rows import (
+    RECORD_HEADER,
+    chunk_records,
+    resource_key,
+    rows_from_request,
+    service_name_of,
+)
 from tests.fixtures.otlp_fixtures import scenario_names, split_protobuf_bodies
 
 OLD_COLUMNS = (
@@ -165,3 +173,16 @@ def test_migration_converts_span_rows_to_chunks_and_back(
     finally:
         old.dispose()
         fresh.dispose()
+
+
+def test_join_keys_of_the_fixtures_are_the_decoded_spans_strongest_keys() -> None:
+    """The receiver reads join keys from the wire bytes without decoding attributes; for real
+    llm-d/vLLM spans they must be what decoding finds."""
+    for raw in fixture_calls():
+        batch = rows_from_request(parse_protobuf(raw), raw=raw, content_free=True)
+        expected = set()
+        for span in decode(raw, "application/x-protobuf").spans:
+            keys = span_request_keys(span)
+            if keys:
+                expected.add((keys[0], span.trace_id))
+        assert batch.keys == expected
