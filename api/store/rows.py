@@ -87,6 +87,8 @@ def chunk_records(body: bytes) -> list[tuple[int, bytes]]:
     pos, end = 0, len(body)
     unpack, size = RECORD_HEADER.unpack_from, RECORD_HEADER.size
     while pos < end:
+        if pos + size > end:
+            raise ValueError("span record header cut short")
         rid, n = unpack(body, pos)
         pos += size
         if pos + n > end:
@@ -354,19 +356,6 @@ def rows_from_request(
     batch.span_count = len(seen)
     batch.dropped_content_attributes += result.dropped_content_attributes
     return batch
-
-
-def spans_from_chunk(
-    trace_id: str, body: bytes, resources: dict[int, dict[str, Any]], normalize: bool = True
-) -> list[Span]:
-    """The spans of a stored chunk, attributes decoded and bounded here, normalised unless the
-    caller normalises itself. `resources` maps resource ids to their stored JSON."""
-    out = []
-    for rid, encoding in chunk_records(body):
-        pb = PbSpan.FromString(encoding)
-        resource = resources.get(rid, {})
-        out.append(span_from_pb(trace_id, pb, resource, normalize))
-    return out
 
 
 def span_from_pb(trace_id: str, pb: PbSpan, resource: dict[str, Any], normalize: bool = True) -> Span:

@@ -17,7 +17,7 @@ from railtrace.store.engine import is_sqlite
 from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
 from railtrace.store.rollup import DIMENSIONS, HOUR_NS, REQUEST_COLUMNS, RollupDelta
 from railtrace.store.rollup import read as rollup_read
-from railtrace.store.rows import RowBatch, chunk_records, spans_from_chunk
+from railtrace.store.rows import RowBatch, chunk_records, span_from_pb
 from railtrace.store.schema import request_flags, requests, resources, span_chunks, trace_keys, traces
 
 INSERT_COLUMNS = "trace_id, chunk_id, received_ns, span_count, body"
@@ -304,19 +304,21 @@ class Store:
                     .where(sc.trace_id.in_(group))
                     .order_by(sc.trace_id, sc.received_ns, sc.chunk_id)
                 ).all()
-                missing = {rid for r in rows for rid, _ in chunk_records(r.body)} - resource_cache.keys()
+                chunks = [(r.trace_id, chunk_records(r.body)) for r in rows]
+                missing = {rid for _, records in chunks for rid, _ in records} - resource_cache.keys()
                 if missing:
                     for rid, blob in conn.execute(
                         select(resources.c.id, resources.c.attributes).where(resources.c.id.in_(missing))
                     ):
                         resource_cache[rid] = orjson.loads(blob)
-                seen: set[tuple[str, str]] = set()
+                seen: set[tuple[str, bytes]] = set()
                 spans: list[Span] = []
-                for r in rows:
-                    for span in spans_from_chunk(r.trace_id, r.body, resource_cache, normalize):
-                        if (span.trace_id, span.span_id) not in seen:
-                            seen.add((span.trace_id, span.span_id))
-                            spans.append(span)
+                for tid, records in chunks:
+                    for rid, encoding in records:
+                        pb = PbSpan.FromString(encoding)
+                        if (tid, pb.span_id) not in seen:  # a span re-sent in other bytes: once
+                            seen.add((tid, pb.span_id))
+                            spans.append(span_from_pb(tid, pb, resource_cache.get(rid, {}), normalize))
                 spans.sort(key=lambda sp: (sp.start_ns, sp.span_id))
                 out += spans
         return out
