@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,15 +131,21 @@ def any_value(value: AnyValue, depth: int = 0) -> Any:
     return None
 
 
-def attributes(items: Iterable[Any], drop: frozenset[str], result: DecodeResult) -> dict[str, Any]:
+def attributes(items: Sequence[Any], drop: frozenset[str], result: DecodeResult) -> dict[str, Any]:
+    """KeyValues to a bounded dict, without the `drop` keys (counted). Strings, most values,
+    are read here rather than through `any_value`: this runs for every stored span read."""
     out: dict[str, Any] = {}
-    for n, kv in enumerate(items):
-        if n >= MAX_ATTRIBUTES:
-            break
-        if kv.key in drop:
+    for kv in items[:MAX_ATTRIBUTES]:
+        key = kv.key
+        if key in drop:
             result.dropped_content_attributes += 1
             continue
-        out[kv.key] = any_value(kv.value)
+        value = kv.value
+        if value.WhichOneof("value") == "string_value":
+            s = value.string_value
+            out[key] = s if len(s) <= MAX_ATTR_VALUE_CHARS else s[:MAX_ATTR_VALUE_CHARS]
+        else:
+            out[key] = any_value(value)
     return out
 
 
