@@ -11,6 +11,7 @@ is known before anything connects.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import signal
 import socket
@@ -167,6 +168,10 @@ def serve_command(args: argparse.Namespace) -> int:
         print(f"railtrace serve: {exc}", file=sys.stderr)
         return 2
     rt = service.runtime
+    # What start-up built (modules, app, topology) lives as long as the process. Left in the
+    # collector's oldest generation, every full collection walked it again and stalled an
+    # API answer by ~50 ms now and then (docs/performance.md, section 3).
+    gc.freeze()
     print(
         f"railtrace serving OTLP/HTTP + API on {service.http_url}, OTLP/gRPC on {service.grpc_endpoint}, "
         f"store {_safe_url(settings.db)}",
