@@ -15,7 +15,7 @@ from sqlalchemy import Connection, Engine, and_, bindparam, delete, func, or_, s
 from railtrace.model import RequestSummary, Span
 from railtrace.store.engine import is_sqlite
 from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
-from railtrace.store.rollup import DIMENSIONS, HOUR_NS, REQUEST_COLUMNS, RollupDelta
+from railtrace.store.rollup import DIMENSIONS, REQUEST_COLUMNS, RollupDelta, hour_of
 from railtrace.store.rollup import read as rollup_read
 from railtrace.store.rows import RowBatch, chunk_records, span_from_pb
 from railtrace.store.schema import request_flags, requests, resources, span_chunks, trace_keys, traces
@@ -495,8 +495,8 @@ class Store:
         """
         if group_by not in DIMENSIONS:
             raise StoreError("group_by must be one of path_class, flag, pair")
-        lo = None if since_ns is None else -(-since_ns // HOUR_NS) * HOUR_NS  # first whole hour
-        hi = None if until_ns is None else until_ns // HOUR_NS * HOUR_NS  # end of the last one
+        lo = None if since_ns is None else -hour_of(-since_ns)  # start of the first whole hour
+        hi = None if until_ns is None else hour_of(until_ns)  # end of the last one
         parts: list[Iterable[tuple[tuple[Any, ...], tuple[Any, ...]]]] = []
         with self.engine.connect() as conn:
             if lo is not None and hi is not None and lo >= hi:  # no whole hour inside
