@@ -52,7 +52,7 @@ from bulk import BulkLoad, CopyPlan, dirty_count  # noqa: E402
 from harness import latency_ms, post_all, rss_mb, serve_process, uptime  # noqa: E402
 from traffic import _retag, capture, copy_calls  # noqa: E402
 
-from railtrace.store import make_engine  # noqa: E402
+from railtrace.store import Store, make_engine  # noqa: E402
 from railtrace.store.schema import requests as requests_table  # noqa: E402
 
 sys.path.remove(str(HERE))
@@ -258,8 +258,8 @@ def checkpoint(
     (one-hour and one-day windows end there)."""
     spans = copies * spans_per_copy
     engine = create_engine(db_url)
+    stored_spans = Store(engine).count_spans()
     with engine.connect() as conn:
-        stored_spans = conn.execute(text("SELECT sum(span_count) FROM span_chunks")).scalar_one() or 0
         # Real requests only: rows added by inflate.py ("x" ids) have no spans.
         ids = [
             r[0]

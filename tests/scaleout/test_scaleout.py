@@ -29,7 +29,7 @@ from sqlalchemy import create_engine, func, select, text
 from railtrace.server.runner import Service
 from railtrace.settings import Settings
 from railtrace.simulator import Emitter, Processes, build_fleet, resolve, simulate
-from railtrace.store import make_engine, migrate
+from railtrace.store import Store, make_engine, migrate
 from railtrace.store.schema import requests as requests_table
 from railtrace.store.schema import traces as traces_table
 
@@ -105,8 +105,8 @@ def settled(url: str, spans: int, quiet_s: float) -> list[dict[str, Any]]:
         last: list[dict[str, Any]] | None = None
         stable_since = time.monotonic()
         while time.monotonic() < deadline:
+            stored = Store(engine).count_spans()
             with engine.connect() as conn:
-                stored = conn.execute(text("SELECT sum(span_count) FROM span_chunks")).scalar_one() or 0
                 dirty = conn.execute(
                     select(func.count()).select_from(traces_table).where(traces_table.c.dirty.is_(True))
                 ).scalar_one()
