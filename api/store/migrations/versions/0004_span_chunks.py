@@ -8,6 +8,7 @@ Revises: 0003
 """
 
 from collections import defaultdict
+from collections.abc import Iterator
 
 import orjson
 import sqlalchemy as sa
@@ -24,9 +25,9 @@ depends_on = None
 BATCH_TRACES = 2000
 
 
-def _trace_batches(conn: sa.Connection, table: str) -> list[list[str]]:
-    """Trace ids of `table` in batches, by keyset (no OFFSET scans over a large table)."""
-    out: list[list[str]] = []
+def _trace_batches(conn: sa.Connection, table: str) -> Iterator[list[str]]:
+    """Trace ids of `table` in batches, by keyset (no OFFSET scans over a large table), one
+    batch at a time (a large history's ids never all in memory)."""
     last = ""
     while True:
         ids = [
@@ -39,8 +40,8 @@ def _trace_batches(conn: sa.Connection, table: str) -> list[list[str]]:
             )
         ]
         if not ids:
-            return out
-        out.append(ids)
+            return
+        yield ids
         last = ids[-1]
 
 
