@@ -32,6 +32,14 @@ class Settings(BaseSettings):
     assembly_interval_s: float = Field(
         0.05, description="How often the assembler looks for requests past their quiet period."
     )
+    assembly_lookahead_s: float = Field(
+        0.5,
+        ge=0,
+        description=(
+            "Assemble a request up to this long (at most half the quiet period) before its quiet"
+            " period ends, and store it as soon as it has ended unless a span arrived meanwhile."
+        ),
+    )
     assembly_processes: int = Field(
         0,
         ge=0,

@@ -24,6 +24,7 @@ from railtrace.metrics import Metrics
 from railtrace.model import RequestFacts, RequestSummary, Span
 from railtrace.settings import Settings
 from railtrace.store import Store
+from railtrace.store.store import AssembledGroup
 from railtrace_tracing import semconv
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,9 @@ class Assembler:
         self._retention_behind = False  # the last retention pass stopped with more to delete
         self.retention_batch = 500  # traces per delete transaction
         self.rounds = 0
+        # Assemble this long before a request's quiet period ends, store it when it has ended.
+        self.lookahead_ns = int(min(settings.assembly_lookahead_s, settings.quiet_period_s / 2) * 1e9)
+        self._pending: list[_Pending] = []  # assembled, waiting for their due time; by due time
         # Who holds an assembly lease: unique per running assembler, readable by an operator.
         self.owner = f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
@@ -92,6 +96,10 @@ class Assembler:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=30)
+        try:
+            self.abandon_pending()
+        except Exception:  # the leases run out by themselves
+            log.exception("could not give up assembly leases")
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -102,7 +110,7 @@ class Assembler:
                 while not self._stop.is_set():
                     busy = self._busy()
                     started = time.monotonic()
-                    more = self.run_once(limit=BUSY_BATCH if busy else FULL_BATCH)
+                    more = self.run_once(limit=BUSY_BATCH if busy else ROUND_PAGE)
                     self._housekeeping()  # time-gated; also runs while a backlog keeps this loop going
                     if not more:
                         break
@@ -111,7 +119,15 @@ class Assembler:
             except Exception:  # a failing round (database away) must not end the loop
                 log.exception("assembly round failed")
             self.rounds += 1
-            self._stop.wait(self.settings.assembly_interval_s)
+            self._stop.wait(self._idle_wait_s())
+
+    def _idle_wait_s(self) -> float:
+        """Sleep until the next look, or until the earliest pending group is due if sooner."""
+        wait = self.settings.assembly_interval_s
+        due = self.next_due_ns()
+        if due is not None:
+            wait = min(wait, max(0.0, (due - time.time_ns()) / 1e9))
+        return wait
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
@@ -149,25 +165,44 @@ class Assembler:
         return total
 
     def run_once(self, now_ns: int | None = None, limit: int = 500) -> int:
-        """Assemble the traces that are ready, as one batch: a few queries and one transaction
-        for up to `limit` traces. Returns how many were picked when the page was full (call
-        again), else 0.
+        """One step: store the assembled requests that are due, assemble up to `limit` traces
+        that are ready or will be within the lookahead, store what of them is due already.
+        Returns how many traces were picked when the page was full (call again), else 0.
+
+        On the wall clock (`now_ns` None) traces are assembled up to `lookahead_ns` before
+        their quiet period ends and held until it has, so that a request is stored just
+        after it becomes due instead of a whole round later. A test driving the clock
+        through `now_ns` gets no lookahead: everything picked is due and stored at once.
+        """
+        lookahead = self.lookahead_ns if now_ns is None else 0
+        self.publish_due(now_ns)
+        picked = self.prepare(now_ns if now_ns is not None else time.time_ns(), limit, lookahead)
+        self.publish_due(now_ns)
+        return picked
+
+    def prepare(self, now: int, limit: int, lookahead: int = 0) -> int:
+        """Lease up to `limit` traces ready by `now + lookahead` and assemble them; the results
+        wait in `_pending` for their due time. Returns `limit` when the page was full, else 0.
 
         Several replicas may share the database: this one first leases the ready traces
         (`Store.claim_ready`), then the other traces of each request found through the
         request keys -- wherever they were ingested. A request whose traces another replica
-        holds is left for later (its traces stay dirty); every lease is given up at the end.
+        holds is left for later (its traces stay dirty); leases of traces not assembled now
+        are given up at once, the rest when their group is stored (`Store.publish`).
         """
-        now = now_ns if now_ns is not None else time.time_ns()
-        quiet_cutoff = now - int(self.settings.quiet_period_s * 1e9)
+        quiet_ns = int(self.settings.quiet_period_s * 1e9)
+        quiet_cutoff = now - quiet_ns
         wait_cutoff = now - int(self.settings.max_trace_wait_s * 1e9)
-        ready = self.store.claim_ready(self.owner, quiet_cutoff, wait_cutoff, now, LEASE_NS, limit)
+        pending = {t for p in self._pending for t in p.group.marks}
+        ready = self.store.claim_ready(
+            self.owner, quiet_cutoff + lookahead, wait_cutoff, now, LEASE_NS, limit, skip=pending
+        )
         if not ready:
             return 0
         held = {t.trace_id for t in ready}
         keep: set[str] = set()
         try:
-            keep = self._assemble(ready, held, now, quiet_cutoff, wait_cutoff, wall_clock=now_ns is None)
+            keep = self._assemble(ready, held, pending, now, quiet_cutoff + lookahead, wait_cutoff, quiet_ns)
         finally:
             self.store.release(self.owner, held - keep)
         return len(ready) if len(ready) >= limit else 0
@@ -176,12 +211,14 @@ class Assembler:
         self,
         ready: list[Any],
         held: set[str],
+        pending: set[str],
         now: int,
-        quiet_cutoff: int,
+        ready_cutoff: int,
         wait_cutoff: int,
-        wall_clock: bool = True,
+        quiet_ns: int,
     ) -> set[str]:
-        """Assemble the groups this replica holds entirely; returns the leases to keep.
+        """Assemble the groups this replica holds entirely into `_pending`; returns the
+        leases to keep (those of pending groups, and of groups kept for the next round).
 
         When two replicas each hold part of one request, the one holding the group's smallest
         trace id keeps its leases for its next round and the other lets go, so the request
@@ -194,42 +231,78 @@ class Assembler:
         groups = _stitch(seen, keys, self.store.traces_for_keys(set().union(*keys.values())))
         others = {t for g in groups for t in g} - seen.keys()
         states = self.store.trace_states(others)
-        wanted: list[set[str]] = []
+        wanted: list[tuple[set[str], bool]] = []  # (group, forced by max_trace_wait)
         for g in groups:
+            if g & pending:
+                continue  # joins a request assembled and not stored yet: after it is stored
             outside = g - seen.keys()
-            busy = any(t in states and states[t].last_arrival_ns > quiet_cutoff for t in outside)
+            busy = any(t in states and states[t].last_arrival_ns > ready_cutoff for t in outside)
             if busy and max(seen[t] for t in g if t in seen) > wait_cutoff:
                 continue  # a sibling hop is still arriving: assemble them together later
-            wanted.append(g)
-        extra = {t for g in wanted for t in g} - seen.keys()
+            wanted.append((g, busy))
+        extra = {t for g, _ in wanted for t in g} - seen.keys()
         if extra:  # siblings of these requests, wherever they were ingested: lease them too
             held |= self.store.claim(self.owner, extra, now, LEASE_NS)
-        todo = [g for g in wanted if g <= held or not (g - held) & states.keys()]
-        keep = {t for g in wanted if g not in todo and min(g) in held for t in g & held}
-        extra = {t for g in todo for t in g} - seen.keys()
+        todo = [(g, forced) for g, forced in wanted if g <= held or not (g - held) & states.keys()]
+        done = [g for g, _ in todo]
+        keep = {t for g, _ in wanted if g not in done and min(g) in held for t in g & held}
+        extra = {t for g in done for t in g} - seen.keys()
         spans.update(_by_trace(self.store.load_spans(extra, normalize=False)))
         for t in extra:
             if t in states:
                 seen[t] = states[t].last_arrival_ns
                 late[t] = states[t].late_spans
-        summaries: list[RequestSummary] = []
-        marks: dict[str, int] = {}
-        for g in todo:
+        for g, forced in todo:
             members = [s for t in sorted(g) for s in spans.get(t, [])]
+            summaries: list[RequestSummary] = []
             try:
                 facts = self.pipeline.assemble(members, now_ns=now)
-                summaries += [self.pipeline.judge(f) for f in facts]
+                summaries = [self.pipeline.judge(f) for f in facts]
             except Exception:  # leave this group without a summary, never retry it in a loop
                 log.exception("assembly failed for traces %s (%d spans)", sorted(g), len(members))
                 self.metrics[semconv.M_SPANS_REJECTED].labels("assembly_failed").inc(len(members))
-            marks.update({t: seen[t] for t in g if t in seen})
+            marks = {t: seen[t] for t in g if t in seen}
+            due = max(marks.values(), default=now) + quiet_ns
+            speculative = due > now and not forced
+            group = AssembledGroup(summaries, marks, speculative=speculative)
+            self._pending.append(
+                _Pending(due if speculative else now, group, sum(late.get(t, 0) for t in marks))
+            )
+            keep |= g & held
+        self._pending.sort(key=lambda p: p.due_ns)
+        return keep
+
+    def publish_due(self, now_ns: int | None = None) -> int:
+        """Store the pending groups whose quiet period has ended, in one transaction; a
+        speculative group that got a span since it was loaded is dropped (its traces stay
+        dirty). Returns how many groups were stored."""
+        now = now_ns if now_ns is not None else time.time_ns()
+        n = 0
+        while n < len(self._pending) and self._pending[n].due_ns <= now:
+            n += 1
+        if not n:
+            return 0
+        due, self._pending = self._pending[:n], self._pending[n:]
+        marks = {t: seen for p in due for t, seen in p.group.marks.items()}
         old = self.store.previous_summaries(marks)
-        superseded = set(old) - {s.trace_id for s in summaries}
-        self.store.save_assembly(summaries, marks, superseded, now)
+        for p in due:
+            p.group.superseded = _superseded(p.group, old)
+        stored = {id(g) for g in self.store.publish([p.group for p in due], now, owner=self.owner)}
         # Verdict latency is measured to the commit, on the wall clock (unless a test drives
         # the clock through `now_ns`).
-        self._count(summaries, old, marks, late, time.time_ns() if wall_clock else now)
-        return keep
+        counted_at = time.time_ns() if now_ns is None else now
+        self._count([p for p in due if id(p.group) in stored], old, counted_at)
+        return len(stored)
+
+    def next_due_ns(self) -> int | None:
+        """When the earliest pending group becomes due (None: nothing pending)."""
+        return self._pending[0].due_ns if self._pending else None
+
+    def abandon_pending(self) -> None:
+        """Give up the leases of groups assembled but not stored (stopping)."""
+        pending, self._pending = self._pending, []
+        if pending:
+            self.store.release(self.owner, {t for p in pending for t in p.group.marks})
 
     def _keys(self, spans: list[Span]) -> set[str]:
         keys: set[str] = set()
@@ -240,28 +313,47 @@ class Assembler:
                 log.exception("request_keys failed on span %s", s.span_id)
         return keys
 
-    def _count(
-        self,
-        summaries: list[RequestSummary],
-        old: dict[str, dict[str, Any]],
-        marks: dict[str, int],
-        late: dict[str, int],
-        now: int,
-    ) -> None:
-        late_total = sum(late.get(t, 0) for t in marks)
+    def _count(self, stored: list[_Pending], old: dict[str, dict[str, Any]], now: int) -> None:
+        late_total = sum(p.late_spans for p in stored)
         if late_total:
             self.metrics[semconv.M_LATE_SPANS].inc(late_total)
-        for s in summaries:
-            previous = old.get(s.trace_id) or next((old[t] for t in s.trace_ids if t in old), None)
-            self.metrics.request_assembled(s.to_dict(), previous)
-            if len(s.trace_ids) > 1 and (previous is None or len(previous.get("trace_ids") or []) <= 1):
-                self.metrics[semconv.M_STITCHED].inc()
-            arrivals = [marks[t] for t in s.trace_ids or [s.trace_id] if t in marks]
-            if arrivals:
-                self.metrics[semconv.M_ASSEMBLY_LAG].observe(max(0, now - max(arrivals)) / 1e9)
+        for p in stored:
+            marks = p.group.marks
+            for s in p.group.summaries:
+                previous = old.get(s.trace_id) or next((old[t] for t in s.trace_ids if t in old), None)
+                self.metrics.request_assembled(s.to_dict(), previous)
+                if len(s.trace_ids) > 1 and (previous is None or len(previous.get("trace_ids") or []) <= 1):
+                    self.metrics[semconv.M_STITCHED].inc()
+                arrivals = [marks[t] for t in s.trace_ids or [s.trace_id] if t in marks]
+                if arrivals:
+                    self.metrics[semconv.M_ASSEMBLY_LAG].observe(max(0, now - max(arrivals)) / 1e9)
+
+
+@dataclass(slots=True)
+class _Pending:
+    """An assembled group waiting for its due time (last arrival plus the quiet period)."""
+
+    due_ns: int
+    group: AssembledGroup
+    late_spans: int
+
+
+def _superseded(group: AssembledGroup, old: dict[str, dict[str, Any]]) -> set[str]:
+    """Primary trace ids of stored requests that this group's summaries replace: those that
+    held one of its traces and are not stored again under the same primary."""
+    primaries = {s.trace_id for s in group.summaries}
+    return {
+        p
+        for p, summary in old.items()
+        if p not in primaries
+        and (p in group.marks or any(t in group.marks for t in summary.get("trace_ids") or ()))
+    }
 
 
 FULL_BATCH = 500
+# Traces the running loop assembles per step. Groups become due while a step runs and are
+# stored only after it, so a step must stay short: ~0.1 s at ~1 ms per request.
+ROUND_PAGE = 128
 # Longest a retention pass holds up assembly; an expired backlog is deleted over many rounds.
 RETENTION_SLICE_S = 0.25
 # How long a claimed trace stays with its replica. Far longer than one round takes; a replica

@@ -5,6 +5,7 @@ the legacy GIE EPP, vLLM or railtrace's shims sent it. The names live in `table.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from itertools import repeat
 from typing import Any
 
@@ -27,6 +28,11 @@ def normalize_request_id(value: Any) -> str | None:
     suffix removed, lower case, so the sidecar's UUID, `x-request-id` and vLLM's id meet."""
     if not isinstance(value, str):
         return None
+    return _normalize_id(value)
+
+
+@lru_cache(maxsize=8192)  # a request's spans repeat its ids; assembly reads them all together
+def _normalize_id(value: str) -> str | None:
     key = value.strip().lower()
     for prefix in table.REQUEST_ID_PREFIXES:
         if key.startswith(prefix):

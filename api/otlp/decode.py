@@ -141,8 +141,8 @@ def attributes(items: Sequence[Any], drop: frozenset[str], result: DecodeResult)
             result.dropped_content_attributes += 1
             continue
         value = kv.value
-        if value.WhichOneof("value") == "string_value":
-            s = value.string_value
+        s = value.string_value  # "" unless a non-empty string is set: no oneof lookup for strings
+        if s:
             out[key] = s if len(s) <= MAX_ATTR_VALUE_CHARS else s[:MAX_ATTR_VALUE_CHARS]
         else:
             out[key] = any_value(value)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
-from sqlalchemy import Connection, Engine, and_, bindparam, delete, func, or_, select, text, update
+from sqlalchemy import Connection, Engine, and_, bindparam, case, delete, func, or_, select, text, update
 
 from railtrace.model import RequestSummary, Span
 from railtrace.store.engine import is_sqlite
@@ -29,6 +29,21 @@ _COPY_TYPES = ["text", "int8", "int8", "int4", "bytea"]
 class InsertResult:
     inserted: int
     duplicates: int
+
+
+@dataclass(slots=True)
+class AssembledGroup:
+    """Summaries of one group of traces (a request, or the hops of one stitched together).
+
+    `marks`: each trace id -> its last arrival seen when its spans were loaded. `superseded`:
+    primary trace ids of stored requests these summaries replace. `speculative`: loaded
+    before its quiet period ended, so `Store.publish` stores it only if nothing arrived since.
+    """
+
+    summaries: list[RequestSummary]
+    marks: dict[str, int]
+    superseded: set[str] = field(default_factory=set)
+    speculative: bool = False
 
 
 @dataclass(slots=True)
@@ -194,8 +209,10 @@ class Store:
         now_ns: int,
         lease_ns: int,
         limit: int = 500,
+        skip: Collection[str] = (),
     ) -> list[DirtyTrace]:
-        """Lease up to `limit` ready traces (as `dirty_traces` picks them) to `owner`.
+        """Lease up to `limit` ready traces (as `dirty_traces` picks them) to `owner`, leaving
+        out `skip` (traces `owner` has assembled and not stored yet).
 
         Replicas sharing one PostgreSQL each claim a disjoint set: the candidate rows are
         locked with FOR UPDATE SKIP LOCKED, so a replica never waits for or takes rows
@@ -211,6 +228,7 @@ class Store:
                 t.last_arrival_ns <= quiet_before_ns,
                 or_(t.has_root.is_(True), t.first_arrival_ns <= wait_before_ns),
                 free,
+                *([t.trace_id.not_in(sorted(skip))] if skip else []),
             )
             .order_by(t.last_arrival_ns)
             .limit(limit)
@@ -366,58 +384,43 @@ class Store:
         superseded: Iterable[str],
         now_ns: int,
     ) -> None:
-        """Store the summaries of one group of traces and clear their dirty marks.
+        """Store summaries and clear their traces' dirty marks, whatever arrived meanwhile.
 
         `group` maps each trace id to the last arrival seen when it was loaded: a trace that got
         new spans since stays dirty and is assembled again. `superseded` are primary trace ids
         whose old request rows are replaced (a trace later stitched into another request).
         """
-        trace_to_request: dict[str, str] = {}
-        for s in summaries:
-            for tid in s.trace_ids or [s.trace_id]:
-                trace_to_request.setdefault(tid, s.trace_id)
-        rows: dict[str, dict[str, Any]] = {}
-        flag_rows: list[dict[str, Any]] = []
-        for s in summaries:
-            if s.trace_id in rows:  # two requests under one primary trace: the first is kept
-                continue
-            rows[s.trace_id] = _request_row(s, now_ns)
-            start_ns = rows[s.trace_id]["start_ns"]
-            flag_rows += [
-                {"flag": n, "start_ns": start_ns, "trace_id": s.trace_id} for n in sorted(_flags(s))
-            ]
-        delta = RollupDelta()
-        for row in rows.values():
-            delta.request(row, +1)
-        for f in flag_rows:
-            delta.flag(f["flag"], f["start_ns"], rows[f["trace_id"]], +1)
+        self.publish([AssembledGroup(list(summaries), dict(group), set(superseded))], now_ns)
+
+    def publish(
+        self, groups: Sequence[AssembledGroup], now_ns: int, owner: str | None = None
+    ) -> list[AssembledGroup]:
+        """Store the summaries of these groups in one transaction; returns the groups stored.
+
+        A speculative group (loaded before its quiet period ended) is stored only if none of
+        its traces got a span since it was loaded. The check locks those trace rows first (a
+        write on each, so SQLite's write lock is held too): an export committing a span to
+        one of them either came before, and the group is dropped (its traces stay dirty and
+        are assembled again after their new quiet period), or waits for this commit and marks
+        the trace dirty again. `owner`'s leases on every trace of `groups` are given up.
+        """
         with self.engine.begin() as conn:
-            gone = set(superseded) | set(rows)
-            for chunk in _chunks(sorted(gone), 500):
-                _delete_requests(conn, chunk, delta)
-            if rows:
-                conn.execute(requests.insert(), list(rows.values()))
-            if flag_rows:
-                conn.execute(request_flags.insert(), flag_rows)
-            if group:
+            speculative = {t: seen for g in groups if g.speculative for t, seen in g.marks.items()}
+            unchanged = _unchanged(conn, speculative) if speculative else set()
+            stored = [g for g in groups if not g.speculative or g.marks.keys() <= unchanged]
+            marks = {t: seen for g in stored for t, seen in g.marks.items()}
+            superseded = {p for g in stored for p in g.superseded}
+            _save(conn, [s for g in stored for s in g.summaries], marks, superseded, now_ns)
+            if owner is not None:
                 t = traces.c
-                conn.execute(
-                    update(traces)
-                    .where(t.trace_id == bindparam("tid"), t.last_arrival_ns == bindparam("seen"))
-                    .values(
-                        dirty=False,
-                        late_spans=0,
-                        assembled_ns=now_ns,
-                        request_trace_id=bindparam("rtid"),
-                        claimed_by=None,
-                        claimed_until_ns=None,
-                    ),
-                    [
-                        {"tid": tid, "seen": seen, "rtid": trace_to_request.get(tid)}
-                        for tid, seen in sorted(group.items())
-                    ],
-                )
-            delta.apply(conn)  # last: holds the shared rollup rows' locks only until commit
+                held = sorted({tid for g in groups for tid in g.marks})
+                for chunk in _chunks(held, 500):
+                    conn.execute(
+                        update(traces)
+                        .where(t.trace_id.in_(chunk), t.claimed_by == owner)
+                        .values(claimed_by=None, claimed_until_ns=None)
+                    )
+        return stored
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -566,6 +569,77 @@ def _delete_requests(conn: Connection, trace_ids: Sequence[str], delta: RollupDe
     flag_rows = flags.mappings().all()
     old = conn.execute(delete(r).where(r.c.trace_id.in_(trace_ids)).returning(*REQUEST_COLUMNS))
     delta.removed(old.mappings().all(), flag_rows)
+
+
+def _unchanged(conn: Connection, marks: dict[str, int]) -> set[str]:
+    """The traces of `marks` whose last arrival is still the one seen, each row locked by a
+    no-op write (held to the end of the transaction)."""
+    t = traces.c
+    out: set[str] = set()
+    for chunk in _chunks(sorted(marks), 300):
+        seen = case({tid: marks[tid] for tid in chunk}, value=t.trace_id)
+        stmt = (
+            update(traces)
+            .where(t.trace_id.in_(chunk), t.last_arrival_ns == seen)
+            .values(claimed_until_ns=t.claimed_until_ns)
+            .returning(t.trace_id)
+        )
+        out.update(conn.execute(stmt).scalars())
+    return out
+
+
+def _save(
+    conn: Connection,
+    summaries: Sequence[RequestSummary],
+    group: dict[str, int],
+    superseded: Iterable[str],
+    now_ns: int,
+) -> None:
+    """Write request rows, flags and rollup for `summaries`; clear the dirty mark of each trace
+    of `group` whose last arrival is still the one seen."""
+    trace_to_request: dict[str, str] = {}
+    for s in summaries:
+        for tid in s.trace_ids or [s.trace_id]:
+            trace_to_request.setdefault(tid, s.trace_id)
+    rows: dict[str, dict[str, Any]] = {}
+    flag_rows: list[dict[str, Any]] = []
+    for s in summaries:
+        if s.trace_id in rows:  # two requests under one primary trace: the first is kept
+            continue
+        rows[s.trace_id] = _request_row(s, now_ns)
+        start_ns = rows[s.trace_id]["start_ns"]
+        flag_rows += [{"flag": n, "start_ns": start_ns, "trace_id": s.trace_id} for n in sorted(_flags(s))]
+    delta = RollupDelta()
+    for row in rows.values():
+        delta.request(row, +1)
+    for f in flag_rows:
+        delta.flag(f["flag"], f["start_ns"], rows[f["trace_id"]], +1)
+    gone = set(superseded) | set(rows)
+    for chunk in _chunks(sorted(gone), 500):
+        _delete_requests(conn, chunk, delta)
+    if rows:
+        conn.execute(requests.insert(), list(rows.values()))
+    if flag_rows:
+        conn.execute(request_flags.insert(), flag_rows)
+    if group:
+        t = traces.c
+        conn.execute(
+            update(traces)
+            .where(t.trace_id == bindparam("tid"), t.last_arrival_ns == bindparam("seen"))
+            .values(
+                dirty=False,
+                late_spans=0,
+                assembled_ns=now_ns,
+                request_trace_id=bindparam("rtid"),
+                claimed_by=None,
+                claimed_until_ns=None,
+            ),
+            [
+                {"tid": tid, "seen": seen, "rtid": trace_to_request.get(tid)}
+                for tid, seen in sorted(group.items())
+            ],
+        )
+    delta.apply(conn)  # last: holds the shared rollup rows' locks only until commit
 
 
 def _raw_stats(

@@ -1,0 +1,132 @@
+"""Assembly ahead of the quiet period, on SQLite and PostgreSQL, on the wall clock.
+
+The assembler loads and assembles a request up to `assembly_lookahead_s` before its quiet
+period ends and stores it once the period has ended -- only if no span arrived meanwhile.
+These tests call `run_once()` at chosen moments inside that window: before the due time
+the request must be assembled but not stored, after it stored exactly once, and a span that
+arrives in between must hold it back until its own quiet period has ended.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from service_helpers import export_request, settings_for, trace_id
+from sqlalchemy import select
+
+from railtrace.ingest.assembler import Assembler, default_pipeline
+from railtrace.ingest.writer import prepare
+from railtrace.metrics import Metrics
+from railtrace.store import Store, make_engine, migrate
+from railtrace.store.schema import requests as requests_table
+from railtrace.store.schema import traces as traces_table
+from railtrace.topology import TopologyHolder
+from railtrace_tracing import semconv
+
+# Long enough that a stalled test machine does not pass the due time between two steps.
+QUIET_S = 4.0
+LOOKAHEAD_S = 2.0
+
+
+@pytest.fixture
+def store(db_url: str):
+    engine = make_engine(db_url)
+    migrate(engine)
+    yield Store(engine)
+    engine.dispose()
+
+
+def _assembler(store: Store, db_url: str) -> Assembler:
+    settings = settings_for(db_url, quiet_period_s=QUIET_S, assembly_lookahead_s=LOOKAHEAD_S)
+    return Assembler(store, settings, Metrics(), default_pipeline(settings, TopologyHolder([]).get))
+
+
+def _trace(store: Store, tid: str) -> dict:
+    with store.engine.connect() as conn:
+        t = traces_table.c
+        row = conn.execute(
+            select(t.last_arrival_ns, t.dirty, t.claimed_by, t.assembled_ns).where(t.trace_id == tid)
+        ).one()
+    return dict(row._mapping)
+
+
+def _stored(store: Store) -> list[tuple[str, int]]:
+    with store.engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(select(requests_table.c.trace_id, requests_table.c.updated_ns))]
+
+
+def _sleep_until(ns: int) -> None:
+    time.sleep(max(0.0, (ns - time.time_ns()) / 1e9))
+
+
+def _requests_counted(assembler: Assembler) -> float:
+    family = assembler.metrics[semconv.M_REQUESTS]
+    return sum(s.value for m in family.collect() for s in m.samples if s.name.endswith("_total"))
+
+
+def test_assembled_inside_the_lookahead_and_stored_once_due(store: Store, db_url: str) -> None:
+    assembler = _assembler(store, db_url)
+    store.insert_batches([prepare(export_request([1]))])
+    tid = trace_id(1)
+    due = _trace(store, tid)["last_arrival_ns"] + int(QUIET_S * 1e9)
+
+    _sleep_until(due - int(LOOKAHEAD_S * 0.75 * 1e9))
+    assembler.run_once()
+    assert [p.group.marks.keys() for p in assembler._pending] == [{tid}]  # assembled early...
+    assert _stored(store) == []  # ...and not stored before its quiet period has ended
+    assert _trace(store, tid)["claimed_by"] == assembler.owner
+
+    assembler.run_once()  # still inside the window: the pending trace is not claimed twice
+    assert len(assembler._pending) == 1
+
+    _sleep_until(due)
+    assembler.run_once()
+    stored = _stored(store)
+    assert [t for t, _ in stored] == [tid]
+    assert stored[0][1] >= due  # stored at or after the due time, never before
+    state = _trace(store, tid)
+    assert not state["dirty"] and state["claimed_by"] is None
+    assert assembler._pending == []
+    assert _requests_counted(assembler) == 1
+
+
+def test_a_span_arriving_after_early_assembly_holds_the_request_back(store: Store, db_url: str) -> None:
+    assembler = _assembler(store, db_url)
+    store.insert_batches([prepare(export_request([1], skip={(1, 7)}))])  # all but one span
+    tid = trace_id(1)
+    due = _trace(store, tid)["last_arrival_ns"] + int(QUIET_S * 1e9)
+
+    _sleep_until(due - int(LOOKAHEAD_S * 0.75 * 1e9))
+    assembler.run_once()
+    assert len(assembler._pending) == 1
+    store.insert_batches([prepare(export_request([1], only={7}))])  # the last span, late
+    new_due = _trace(store, tid)["last_arrival_ns"] + int(QUIET_S * 1e9)
+
+    _sleep_until(due)
+    assembler.run_once()
+    assert _stored(store) == []  # the early result is dropped: a span came after it was loaded
+    state = _trace(store, tid)
+    assert state["dirty"] and state["claimed_by"] is None and state["assembled_ns"] is None
+    assert _requests_counted(assembler) == 0
+
+    _sleep_until(new_due)
+    while assembler.run_once() or assembler._pending:  # assembled again, now with every span
+        time.sleep(0.05)
+    stored = _stored(store)
+    assert [t for t, _ in stored] == [tid] and stored[0][1] >= new_due
+    assert not _trace(store, tid)["dirty"]
+    assert _requests_counted(assembler) == 1
+    spans = store.load_spans([tid])
+    assert len(spans) == 8
+
+
+def test_a_driven_clock_gets_no_lookahead(store: Store, db_url: str) -> None:
+    """Tests and tools that pass `now_ns` store what is due at once and nothing early."""
+    assembler = _assembler(store, db_url)
+    store.insert_batches([prepare(export_request([1]))])
+    arrival = _trace(store, trace_id(1))["last_arrival_ns"]
+    assert assembler.run_once(now_ns=arrival + int((QUIET_S - LOOKAHEAD_S / 2) * 1e9)) == 0
+    assert assembler._pending == [] and _stored(store) == []
+    assembler.run_once(now_ns=arrival + int(QUIET_S * 1e9))
+    assert assembler._pending == [] and len(_stored(store)) == 1
