@@ -252,7 +252,10 @@ class Assembler:
             if t in states:
                 seen[t] = states[t].last_arrival_ns
                 late[t] = states[t].late_spans
+        fresh: list[_Pending] = []
         for g, forced in todo:
+            if self._pending and self._pending[0].due_ns <= time.time_ns():
+                self.publish_due()  # an earlier page's request came due: store it now, not after this page
             members = [s for t in sorted(g) for s in spans.get(t, [])]
             summaries: list[RequestSummary] = []
             try:
@@ -265,11 +268,9 @@ class Assembler:
             due = max(marks.values(), default=now) + quiet_ns
             speculative = due > now and not forced
             group = AssembledGroup(summaries, marks, speculative=speculative)
-            self._pending.append(
-                _Pending(due if speculative else now, group, sum(late.get(t, 0) for t in marks))
-            )
+            fresh.append(_Pending(due if speculative else now, group, sum(late.get(t, 0) for t in marks)))
             keep |= g & held
-        self._pending.sort(key=lambda p: p.due_ns)
+        self._pending = sorted(self._pending + fresh, key=lambda p: p.due_ns)
         return keep
 
     def publish_due(self, now_ns: int | None = None) -> int:

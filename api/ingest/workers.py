@@ -27,6 +27,10 @@ from railtrace.settings import Settings
 
 log = logging.getLogger(__name__)
 
+# How often a child sends what it counted: a request is counted in the serve process's
+# /metrics at most this long after its summary is stored.
+RELAY_INTERVAL_S = 0.01
+
 # One metric update: (family name, label values, "inc" | "observe" | "set", value, exemplar).
 Update = tuple[str, tuple[str, ...], str, float, dict[str, str] | None]
 
@@ -115,7 +119,7 @@ def _child_main(settings_data: dict[str, Any], out: Any, stop: Any, index: int) 
     try:
         # Stop with the serve process, also when it was killed and could not say so.
         while not stop.value and os.getppid() == parent:
-            time.sleep(0.05)
+            time.sleep(RELAY_INTERVAL_S)
             updates = metrics.take()
             if updates:
                 out.put(updates)

@@ -560,7 +560,7 @@ def latency_run(db: str, args: argparse.Namespace, rate: float, seed: int) -> di
             total_traces = n_calls * TRACES_PER_CALL
             drain_deadline = None
             while True:
-                time.sleep(0.5)
+                time.sleep(args.scrape_interval)
                 now = time.monotonic()
                 try:
                     m = scrape(metrics)
@@ -617,7 +617,7 @@ def latency_run(db: str, args: argparse.Namespace, rate: float, seed: int) -> di
     ack_times = sorted(a for a, _ in acks)
     # Counted in /metrics: the k-th acknowledged request against the first scrape whose
     # requests_total reached k (requests are assembled oldest arrival first, so FIFO matching
-    # holds to within one call; resolution is the scrape interval).
+    # holds to within one call; resolution is --scrape-interval).
     counted_lat: list[float] = []
     j = 0
     per_trace_acks = [a for a in ack_times for _ in range(TRACES_PER_CALL)]
@@ -1003,6 +1003,12 @@ def main() -> int:
     lat.add_argument("--poll-slow", type=float, default=0.1, help="poll interval behind the oldest probe")
     lat.add_argument(
         "--poll-lead", type=float, default=0.5, help="start polling this long before the quiet period ends"
+    )
+    lat.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=0.1,
+        help="seconds between /metrics scrapes: the resolution of the 'counted in /metrics' latency",
     )
     lat.add_argument("--drain-timeout", type=float, default=300.0, help="wait this long after sending")
     mem = ap.add_argument_group("memory")
