@@ -79,7 +79,37 @@ class RecordedMetrics:
     def take(self) -> list[Update]:
         with self._lock:
             out, self._updates = self._updates, []
-        return out
+        return compact(out)
+
+
+def compact(updates: list[Update]) -> list[Update]:
+    """The same updates in fewer calls for the serve process to replay (it does so under the
+    interpreter lock its receivers need): increments of one series become one increment of
+    their sum without exemplar plus the last one with its exemplar (Prometheus keeps only the
+    latest exemplar, with that increment's value); of a series' gauge settings the last is
+    kept. Observations stay one by one, in order."""
+    incs: dict[tuple[str, tuple[str, ...]], list[Any]] = {}  # series -> [sum before last, last]
+    sets: dict[tuple[str, tuple[str, ...]], Update] = {}
+    out: list[Update] = []
+    for update in updates:
+        name, labels, op, _, _ = update
+        if op == "inc":
+            seen = incs.get((name, labels))
+            if seen is None:
+                incs[(name, labels)] = [0.0, update]
+            else:
+                seen[0] += seen[1][3]
+                seen[1] = update
+        elif op == "set":
+            sets[(name, labels)] = update
+        else:
+            out.append(update)
+    for (name, labels), (before, last) in incs.items():
+        if before:
+            out.append((name, labels, "inc", before, None))
+        out.append(last)
+    out.extend(sets.values())
+    return out
 
 
 def replay(metrics: Metrics, updates: list[Update]) -> None:

@@ -77,6 +77,30 @@ def test_recorded_updates_replay_to_the_same_exposition() -> None:
     assert f"{flag_series} 1.0 # {{trace_id=" in exemplars
 
 
+def test_compacted_increments_keep_the_sum_and_the_last_exemplar() -> None:
+    """Increments of one series are replayed as their sum, the latest exemplar with its own
+    value (1, not the sum), as counting in place leaves them."""
+    from railtrace.ingest.workers import RecordedMetrics, replay
+    from railtrace.metrics import Metrics
+
+    direct, recorded, replayed = Metrics(), RecordedMetrics(), Metrics()
+    for target in (direct, recorded):
+        for n in range(5):
+            request = {"trace_id": f"{n:032x}", "model": "m", "flags": [{"name": "tcp_fallback"}]}
+            target.request_assembled(request, None)
+    updates = recorded.take()
+    assert len([u for u in updates if u[0] == "llm_d_tracing_requests_total"]) == 2  # sum, then last
+    replay(replayed, updates)
+
+    def samples(m: Metrics) -> list[str]:  # exposition without creation times
+        return [line for line in m.render(None)[0].decode().splitlines() if "_created" not in line]
+
+    assert samples(replayed) == samples(direct)
+    exemplars = replayed.render("application/openmetrics-text")[0].decode()
+    series = 'llm_d_tracing_requests_total{model="m",path_class="unknown"}'
+    assert f'{series} 5.0 # {{trace_id="{4:032x}"}} 1.0' in exemplars
+
+
 def test_recording_while_batches_are_taken_loses_nothing() -> None:
     """The child's assembler thread records through family handles made earlier while its main
     thread takes batches away: every update must land in exactly one batch."""
@@ -100,4 +124,4 @@ def test_recording_while_batches_are_taken_loses_nothing() -> None:
         handle.inc()
     done.set()
     reader.join()
-    assert len(taken) == 50_000
+    assert sum(update[3] for update in taken) == 50_000  # increments of one series arrive summed
