@@ -53,7 +53,8 @@ def _trace(store: Store, tid: str) -> dict:
 
 def _stored(store: Store) -> list[tuple[str, int]]:
     with store.engine.connect() as conn:
-        return [tuple(r) for r in conn.execute(select(requests_table.c.trace_id, requests_table.c.updated_ns))]
+        rows = conn.execute(select(requests_table.c.trace_id, requests_table.c.updated_ns))
+        return [tuple(r) for r in rows]
 
 
 def _sleep_until(ns: int) -> None:
