@@ -13,6 +13,7 @@ the one place to scrape. A child that dies is started again; the leases it held 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import multiprocessing
 import os
@@ -144,6 +145,9 @@ def _child_main(settings_data: dict[str, Any], out: Any, stop: Any, index: int) 
         default_pipeline(settings, holder.get),
         retention=index == 0,  # one process deletes old history, not all of them at once
     )
+    # What start-up built lives as long as the child: keep the collector from walking it on
+    # every full collection (a few per cent of assembly, measured with callgrind).
+    gc.freeze()
     assembler.start()
     parent = os.getppid()
     try:

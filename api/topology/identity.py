@@ -92,10 +92,35 @@ def pod_devices(topology: Topology, pod: Pod) -> tuple[list[GPU], list[NIC]]:
     return gpus, nics
 
 
+# Distinct endpoints remembered per topology; a fleet has far fewer, so the bound only guards
+# against spans that name endless distinct addresses.
+MAX_RESOLVED = 65_536
+# (pod, node, gpu, nic, rail) as resolved, and the notes saying how.
+Resolution = tuple[str | None, str | None, str | None, str | None, str | None, tuple[str, ...]]
+
+
 def resolve_endpoint(
     topology: Topology, ep: Endpoint, local_gpu: str | None = None
 ) -> tuple[Endpoint, list[str]]:
-    """A copy of `ep` with pod, node, gpu, nic and rail filled from the topology where they are certain."""
+    """A copy of `ep` with pod, node, gpu, nic and rail filled from the topology where they are certain.
+
+    Every assembled request asks this twice, mostly about the same few endpoints, and the
+    answer depends only on the fields below and the topology (immutable): it is remembered
+    on the topology object, so a reloaded topology starts afresh.
+    """
+    key = (ep.pod, ep.node, ep.gpu, ep.nic, ep.rail, ep.address, ep.host, local_gpu)
+    cache: dict[tuple[str | None, ...], Resolution] = topology.resolved  # type: ignore[attr-defined]
+    hit = cache.get(key)
+    if hit is None:
+        out, notes = _resolve_endpoint(topology, ep, local_gpu)
+        hit = (out.pod, out.node, out.gpu, out.nic, out.rail, tuple(notes))
+        if len(cache) < MAX_RESOLVED:
+            cache[key] = hit
+    pod, node, gpu, nic, rail, known = hit
+    return replace(ep, pod=pod, node=node, gpu=gpu, nic=nic, rail=rail), list(known)
+
+
+def _resolve_endpoint(topology: Topology, ep: Endpoint, local_gpu: str | None) -> tuple[Endpoint, list[str]]:
     notes: list[str] = []
     pod: Pod | None = None
     node: Node | None = None

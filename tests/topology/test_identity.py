@@ -58,6 +58,25 @@ def test_endpoint_filled_from_allocation_and_pairing() -> None:
     assert (ep.gpu, ep.nic, ep.rail) == ("gpu-1", "mlx5_1", "rail-1")
 
 
+def test_a_remembered_resolution_is_the_same_answer_and_never_shared() -> None:
+    """Answers are remembered per topology: the second ask gives equal, fresh objects that
+    keep the asking endpoint's own span and service, and a reloaded topology asks again."""
+    t = load_paths([FLEET])
+    first, notes = resolve_endpoint(t, Endpoint(address="10.0.0.4:8000", span_id="a" * 16, service="s1"))
+    notes.append("changed by the caller")
+    first.pod = "changed by the caller"
+    asked = Endpoint(address="10.0.0.4:8000", span_id="b" * 16, service="s2")
+    again, notes_again = resolve_endpoint(t, asked)
+    assert (again.pod, again.node, again.gpu, again.nic, again.rail) == (
+        "decode-b1", "node-b", "gpu-1", "mlx5_1", "rail-1"
+    )
+    assert (again.span_id, again.service) == ("b" * 16, "s2")
+    assert "changed by the caller" not in notes_again
+    fresh = load_paths([FLEET])
+    assert fresh.resolved == {}
+    assert resolve_endpoint(fresh, Endpoint(address="10.0.0.4:8000"))[0].pod == "decode-b1"
+
+
 def test_epp_endpoint_ids_namespace_slash_pod() -> None:
     t = load_paths([FLEET])  # pods described without a namespace
     assert resolve_address(t, "llm-d/decode-c")[0].name == "decode-c"
