@@ -352,8 +352,8 @@ def _superseded(group: AssembledGroup, old: dict[str, dict[str, Any]]) -> set[st
 
 
 FULL_BATCH = 500
-# Traces the running loop assembles per step. Groups become due while a step runs and are
-# stored only after it, so a step must stay short: ~0.1 s at ~1 ms per request.
+# Traces the running loop assembles per step. Requests that come due are stored between the
+# groups of a step, but not while its traces are claimed and loaded: ~0.1 s of work per step.
 ROUND_PAGE = 128
 # Longest a retention pass holds up assembly; an expired backlog is deleted over many rounds.
 RETENTION_SLICE_S = 0.25
