@@ -116,18 +116,29 @@ class Assembler:
                         break
                     if busy:
                         self._stop.wait(time.monotonic() - started)
+                self.rounds += 1
+                self._store_until_next_look()
             except Exception:  # a failing round (database away) must not end the loop
                 log.exception("assembly round failed")
-            self.rounds += 1
-            self._stop.wait(self._idle_wait_s())
+                self.rounds += 1
+                self._stop.wait(self.settings.assembly_interval_s)
 
-    def _idle_wait_s(self) -> float:
-        """Sleep until the next look, or until the earliest pending group is due if sooner."""
-        wait = self.settings.assembly_interval_s
-        due = self.next_due_ns()
-        if due is not None:
-            wait = min(wait, max(0.0, (due - time.time_ns()) / 1e9))
-        return wait
+    def _store_until_next_look(self) -> None:
+        """Until the next look for ready traces, wake only to store requests as they come due.
+
+        Looking (`Store.claim_ready`) is a write transaction that waits for the ingest writer's
+        commit; waking for every due request must not also look each time.
+        """
+        next_look = time.monotonic() + self.settings.assembly_interval_s
+        while not self._stop.is_set():
+            left = next_look - time.monotonic()
+            if left <= 0:
+                return
+            due = self.next_due_ns()
+            if due is not None:
+                left = min(left, max(0.0, (due - time.time_ns()) / 1e9))
+            self._stop.wait(left)
+            self.publish_due()
 
     def _housekeeping(self) -> None:
         now = time.monotonic()

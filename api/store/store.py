@@ -404,13 +404,15 @@ class Store:
         are assembled again after their new quiet period), or waits for this commit and marks
         the trace dirty again. `owner`'s leases on every trace of `groups` are given up.
         """
+        built = [_request_rows(g.summaries, now_ns) for g in groups]
         with self.engine.begin() as conn:
             speculative = {t: seen for g in groups if g.speculative for t, seen in g.marks.items()}
             unchanged = _unchanged(conn, speculative) if speculative else set()
-            stored = [g for g in groups if not g.speculative or g.marks.keys() <= unchanged]
+            keep = [not g.speculative or g.marks.keys() <= unchanged for g in groups]
+            stored = [g for g, k in zip(groups, keep, strict=True) if k]
             marks = {t: seen for g in stored for t, seen in g.marks.items()}
             superseded = {p for g in stored for p in g.superseded}
-            _save(conn, [s for g in stored for s in g.summaries], marks, superseded, now_ns)
+            _save(conn, [b for b, k in zip(built, keep, strict=True) if k], marks, superseded, now_ns)
             if owner is not None:
                 t = traces.c
                 held = sorted({tid for g in groups for tid in g.marks})
@@ -588,15 +590,17 @@ def _unchanged(conn: Connection, marks: dict[str, int]) -> set[str]:
     return out
 
 
-def _save(
-    conn: Connection,
-    summaries: Sequence[RequestSummary],
-    group: dict[str, int],
-    superseded: Iterable[str],
-    now_ns: int,
-) -> None:
-    """Write request rows, flags and rollup for `summaries`; clear the dirty mark of each trace
-    of `group` whose last arrival is still the one seen."""
+@dataclass(slots=True)
+class _RequestRows:
+    """The rows one group's summaries become: built before the storing transaction, which
+    holds the write lock (on SQLite the whole database's) from its first statement on."""
+
+    rows: dict[str, dict[str, Any]]  # by primary trace id
+    flags: list[dict[str, Any]]
+    trace_to_request: dict[str, str]
+
+
+def _request_rows(summaries: Sequence[RequestSummary], now_ns: int) -> _RequestRows:
     trace_to_request: dict[str, str] = {}
     for s in summaries:
         for tid in s.trace_ids or [s.trace_id]:
@@ -609,6 +613,25 @@ def _save(
         rows[s.trace_id] = _request_row(s, now_ns)
         start_ns = rows[s.trace_id]["start_ns"]
         flag_rows += [{"flag": n, "start_ns": start_ns, "trace_id": s.trace_id} for n in sorted(_flags(s))]
+    return _RequestRows(rows, flag_rows, trace_to_request)
+
+
+def _save(
+    conn: Connection,
+    built: Sequence[_RequestRows],
+    group: dict[str, int],
+    superseded: Iterable[str],
+    now_ns: int,
+) -> None:
+    """Write request rows, flags and rollup of disjoint groups; clear the dirty mark of each
+    trace of `group` whose last arrival is still the one seen."""
+    rows: dict[str, dict[str, Any]] = {}
+    flag_rows: list[dict[str, Any]] = []
+    trace_to_request: dict[str, str] = {}
+    for b in built:
+        rows.update(b.rows)
+        flag_rows += b.flags
+        trace_to_request.update(b.trace_to_request)
     delta = RollupDelta()
     for row in rows.values():
         delta.request(row, +1)
