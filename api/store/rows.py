@@ -188,14 +188,23 @@ def _value_after(body: bytes, pos: int) -> bytes | None:
     return value.encode() if value is not None else None
 
 
-def _request_key(body: bytes, cache: dict[bytes, str | None]) -> str | None:
+_KEY_FINDERS = tuple(needle for _attr, needle in KEY_NEEDLES)
+
+
+def _request_key(
+    body: bytes, cache: dict[bytes, str | None], needles: tuple[bytes, ...] | None = None
+) -> str | None:
     """The span's strongest join key, by the normalisation table's key attributes (in order).
 
     `cache` maps raw id bytes to their normalised key: a request's spans repeat the same ids.
+    `needles`: the key needles worth looking for (those found in the span's scope), strongest
+    first; by default all of them.
     """
-    if b"request" not in body:  # every key attribute's name has it: one scan rules most spans out
-        return None
-    for _attr, needle in KEY_NEEDLES:
+    if needles is None:
+        if b"request" not in body:  # every key attribute's name has it: rules most spans out
+            return None
+        needles = _KEY_FINDERS
+    for needle in needles:
         at = body.find(needle)
         if at < 0:
             continue
@@ -249,22 +258,51 @@ def _fields(buf: bytes, start: int, end: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def span_slices(raw: bytes) -> list[list[bytes]] | None:
-    """Each span's own encoding, cut out of the export call's bytes, per scope in order; None
-    when the framing is not the plain one (the caller then re-encodes the parsed spans).
+def _span_encodings(buf: bytes, start: int, end: int) -> list[bytes]:
+    """The Span encodings (field 2) of the ScopeSpans message in buf[start:end].
+
+    `_fields` specialised for the hot path: one-byte tags and lengths of up to two bytes are
+    read inline (a span's length is one or two bytes); anything else takes `_fields`. Raises
+    ValueError on bad framing, as `_fields` does.
+    """
+    out = []
+    append = out.append
+    pos = start
+    while pos < end:
+        tag = buf[pos]
+        n = buf[pos + 1]
+        if tag & 0x87 != 0x02 or (n & 0x80 and buf[pos + 2] & 0x80):
+            return [buf[a:b] for f, a, b in _fields(buf, start, end) if f == 2]
+        if n & 0x80:
+            n = (n & 0x7F) | buf[pos + 2] << 7
+            pos += 3
+        else:
+            pos += 2
+        if tag == 0x12:
+            append(buf[pos : pos + n])
+        pos += n
+    if pos != end:
+        raise ValueError("field runs past its message")
+    return out
+
+
+def span_slices(raw: bytes) -> list[tuple[list[bytes], int, int]] | None:
+    """Each span's own encoding, cut out of the export call's bytes, per scope in order, with
+    where that scope's bytes start and end; None when the framing is not the plain one (the
+    caller then re-encodes the parsed spans).
 
     Why: re-encoding every parsed span costs more than parsing the whole call; the bytes are
     already there. ExportTraceServiceRequest field 1 = ResourceSpans, its field 2 =
     ScopeSpans, its field 2 = Span.
     """
     try:
-        out: list[list[bytes]] = []
+        out: list[tuple[list[bytes], int, int]] = []
         for f, a, b in _fields(raw, 0, len(raw)):
             if f != 1:
                 continue
             for f2, a2, b2 in _fields(raw, a, b):
                 if f2 == 2:
-                    out.append([raw[a3:b3] for f3, a3, b3 in _fields(raw, a2, b2) if f3 == 2])
+                    out.append((_span_encodings(raw, a2, b2), a2, b2))
     except (ValueError, IndexError):
         return None
     return out
@@ -296,7 +334,8 @@ def rows_from_request(
     result = DecodeResult()
     parts: dict[bytes, list[bytes]] = {}  # trace id -> its records' pieces, in order
     roots: set[bytes] = set()
-    keys = batch.keys
+    keys: set[tuple[str, bytes]] = set()  # (request key, trace id bytes)
+    add_key = keys.add
     lo, hi = MIN_TIME_NS, MAX_TIME_NS
     pack = RECORD_HEADER.pack
     scope_index = -1
@@ -306,12 +345,21 @@ def rows_from_request(
             scope_index += 1
             rid, blob = resource_key(resource, ss.scope.name[:256])
             batch.resources[rid] = blob
-            bodies = slices[scope_index] if slices is not None and scope_index < len(slices) else None
-            if bodies is not None and len(bodies) != len(ss.spans):
-                bodies = None
+            spans = ss.spans
+            bodies = None
+            needles: tuple[bytes, ...] | None = None
+            if slices is not None and scope_index < len(slices):
+                bodies, a, b = slices[scope_index]
+                if len(bodies) != len(spans):
+                    bodies = None
+                else:
+                    # The key needles this scope holds at all: a process's spans carry the
+                    # same attribute names, so most needles are ruled out for all its spans
+                    # by one search each, instead of one per span.
+                    needles = tuple(n for n in _KEY_FINDERS if raw.find(n, a, b) >= 0)  # type: ignore[union-attr]
             last_tid = b""
             pieces: list[bytes] = []
-            for i, s in enumerate(ss.spans):
+            for i, s in enumerate(spans):
                 tid = s.trace_id
                 sid = s.span_id
                 parent = s.parent_span_id
@@ -344,15 +392,17 @@ def rows_from_request(
                     pieces = parts.setdefault(tid, [])
                 if not parent:
                     roots.add(tid)
-                request_key = _request_key(body, key_cache)
-                if request_key:
-                    keys.add((request_key, tid.hex()))
+                if needles is None or needles:
+                    request_key = _request_key(body, key_cache, needles)
+                    if request_key:
+                        add_key((request_key, tid))
                 pieces.append(pack(rid, len(body)))
                 pieces.append(body)
     chunks = batch.chunks
     for tid, pieces in parts.items():
         body = b"".join(pieces)
         chunks.append([tid.hex(), chunk_id(body), 0, len(pieces) // 2, body, tid in roots])
+    batch.keys = {(key, tid.hex()) for key, tid in keys}
     batch.span_count = len(seen)
     batch.dropped_content_attributes += result.dropped_content_attributes
     return batch

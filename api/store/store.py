@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
@@ -138,9 +139,10 @@ class Store:
                 if r[5]:
                     roots.add(r[0])
             if keys:
-                conn.exec_driver_sql(self._sql_key, sorted(keys))
+                self._insert_rows(conn, self._sql_key, sorted(keys))
             if counts:
-                conn.exec_driver_sql(
+                self._insert_rows(
+                    conn,
                     self._sql_trace,
                     [(tid, received, received, n, tid in roots) for tid, n in sorted(counts.items())],
                 )
@@ -162,9 +164,7 @@ class Store:
         cur = dbapi.cursor()
         try:
             if self.sqlite:
-                cur.executemany(self._sql_chunk, [r[:5] for r in rows])
-                n = cur.rowcount
-                return len(rows) + 1 if n is None or n < 0 else n
+                return _insert_values(cur, self._sql_chunk, [r[:5] for r in rows])
             if not dbapi.info.get("railtrace_staging_chunks"):
                 cur.execute(
                     "CREATE TEMP TABLE IF NOT EXISTS railtrace_chunks_in"
@@ -180,6 +180,18 @@ class Store:
                 " ON CONFLICT DO NOTHING"
             )
             return cur.rowcount
+        finally:
+            cur.close()
+
+    def _insert_rows(self, conn: Connection, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        """`sql` (a one-row INSERT) for every row: SQLite in a few multi-row statements,
+        PostgreSQL by the driver's executemany."""
+        if not self.sqlite:
+            conn.exec_driver_sql(sql, rows)
+            return
+        cur = conn.connection.cursor()
+        try:
+            _insert_values(cur, sql, rows)
         finally:
             cur.close()
 
@@ -738,3 +750,52 @@ def _request_row(s: RequestSummary, now_ns: int) -> dict[str, Any]:
         "summary": orjson.dumps(s.to_dict(), option=orjson.OPT_NON_STR_KEYS),
         "updated_ns": now_ns,
     }
+
+
+# Multi-row forms of the one-row SQLite INSERTs, by (statement, rows in it).
+_MULTI_ROW_SQL: dict[tuple[str, int], str] = {}
+MAX_ROWS_PER_STATEMENT = 1024
+
+
+def _insert_values(cur: Any, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+    """Run `INSERT INTO t (...) VALUES (?, ...) <tail>` for many rows in as few statements as
+    possible; returns how many rows were written (conflicts skipped are not counted).
+
+    Why: the sqlite3 module lets go of the GIL around every statement step, and executemany
+    steps once per row. Under ingest load the receiver threads hold the GIL, and each time
+    they take it over, the writer waits up to a switch interval to get it back before it can
+    step the next row. A commit of two export calls took 3-4x as long that way as with one
+    statement per table (benchmarks/ingest/README.md). A statement holds a power of two of
+    rows, the rest padded with NULL rows that its WHERE drops, so that only a few statement
+    texts exist and SQLite's statement cache keeps them prepared.
+    """
+    if not rows:
+        return 0
+    width = len(rows[0])
+    variables = cur.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    limit = min(MAX_ROWS_PER_STATEMENT, variables // width)
+    most = 1
+    while most * 2 <= limit:
+        most *= 2
+    written = 0
+    for start in range(0, len(rows), most):
+        part = rows[start : start + most]
+        size = 1
+        while size < len(part):
+            size *= 2
+        statement = _MULTI_ROW_SQL.get((sql, size))
+        if statement is None:
+            head, rest = sql.split(" VALUES ", 1)
+            end = rest.index(")") + 1
+            row, tail = rest[:end], rest[end:]
+            columns = ", ".join(f"column{i + 1}" for i in range(row.count(",") + 1))
+            statement = (
+                f"{head} SELECT {columns} FROM (VALUES {', '.join([row] * size)})"
+                f" WHERE column1 IS NOT NULL{tail}"
+            )
+            _MULTI_ROW_SQL[(sql, size)] = statement
+        params = [v for r in part for v in r]
+        params += [None] * (width * (size - len(part)))
+        cur.execute(statement, params)
+        written += cur.rowcount
+    return written
