@@ -109,7 +109,7 @@ def resolve_endpoint(
     on the topology object, so a reloaded topology starts afresh.
     """
     key = (ep.pod, ep.node, ep.gpu, ep.nic, ep.rail, ep.address, ep.host, local_gpu)
-    cache: dict[tuple[str | None, ...], Resolution] = topology.resolved  # type: ignore[attr-defined]
+    cache: dict[tuple[str | None, ...], Resolution] = topology._resolved  # type: ignore[attr-defined]
     hit = cache.get(key)
     if hit is None:
         out, notes = _resolve_endpoint(topology, ep, local_gpu)

@@ -218,7 +218,7 @@ class Topology:
             ("_gpus_by_node", gpus_by_node),
             ("_nics_by_node", nics_by_node),
             ("_pods_by_engine", by_engine),
-            ("resolved", {}),  # identity.resolve_endpoint's answers: this topology never changes
+            ("_resolved", {}),  # identity.resolve_endpoint's answers: this topology never changes
         ):
             object.__setattr__(self, name, value)
 

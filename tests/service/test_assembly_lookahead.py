@@ -131,3 +131,26 @@ def test_a_driven_clock_gets_no_lookahead(store: Store, db_url: str) -> None:
     assert assembler._pending == [] and _stored(store) == []
     assembler.run_once(now_ns=arrival + int(QUIET_S * 1e9))
     assert assembler._pending == [] and len(_stored(store)) == 1
+
+
+def test_a_failed_store_loses_nothing(store: Store, db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """If storing fails (database away), the assembled groups are given up and their traces,
+    still dirty and leased to this assembler, are assembled again on its next step."""
+    assembler = _assembler(store, db_url)
+    store.insert_batches([prepare(export_request([1, 2]))])
+    later = _trace(store, trace_id(2))["last_arrival_ns"] + int(QUIET_S * 1e9)
+    real_publish = store.publish
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("database went away")
+
+    monkeypatch.setattr(store, "publish", failing)
+    with pytest.raises(RuntimeError):
+        assembler.run_once(now_ns=later)
+    assert assembler._pending == [] and _stored(store) == []
+    assert all(_trace(store, trace_id(n))["dirty"] for n in (1, 2))
+
+    monkeypatch.setattr(store, "publish", real_publish)
+    assembler.run_once(now_ns=later)
+    assert sorted(t for t, _ in _stored(store)) == [trace_id(1), trace_id(2)]
+    assert _requests_counted(assembler) == 2

@@ -73,7 +73,7 @@ def test_a_remembered_resolution_is_the_same_answer_and_never_shared() -> None:
     assert (again.span_id, again.service) == ("b" * 16, "s2")
     assert "changed by the caller" not in notes_again
     fresh = load_paths([FLEET])
-    assert fresh.resolved == {}
+    assert fresh._resolved == {}
     assert resolve_endpoint(fresh, Endpoint(address="10.0.0.4:8000"))[0].pod == "decode-b1"
 
 
