@@ -23,8 +23,7 @@ from typing import Any
 from railtrace.metrics import Metrics
 from railtrace.model import RequestFacts, RequestSummary, Span
 from railtrace.settings import Settings
-from railtrace.store import Store
-from railtrace.store.store import AssembledGroup
+from railtrace.store import AssembledGroup, Store
 from railtrace_tracing import semconv
 
 log = logging.getLogger(__name__)
@@ -116,12 +115,11 @@ class Assembler:
                         break
                     if busy:
                         self._stop.wait(time.monotonic() - started)
-                self.rounds += 1
                 self._store_until_next_look()
             except Exception:  # a failing round (database away) must not end the loop
                 log.exception("assembly round failed")
-                self.rounds += 1
                 self._stop.wait(self.settings.assembly_interval_s)
+            self.rounds += 1
 
     def _store_until_next_look(self) -> None:
         """Until the next look for ready traces, wake only to store requests as they come due.
@@ -213,7 +211,9 @@ class Assembler:
         held = {t.trace_id for t in ready}
         keep: set[str] = set()
         try:
-            keep = self._assemble(ready, held, pending, now, quiet_cutoff + lookahead, wait_cutoff, quiet_ns)
+            keep = self._assemble(
+                ready, held, pending, now, quiet_cutoff + lookahead, wait_cutoff, quiet_ns, bool(lookahead)
+            )
         finally:
             self.store.release(self.owner, held - keep)
         return len(ready) if len(ready) >= limit else 0
@@ -227,6 +227,7 @@ class Assembler:
         ready_cutoff: int,
         wait_cutoff: int,
         quiet_ns: int,
+        wall_clock: bool,
     ) -> set[str]:
         """Assemble the groups this replica holds entirely into `_pending`; returns the
         leases to keep (those of pending groups, and of groups kept for the next round).
@@ -265,7 +266,7 @@ class Assembler:
                 late[t] = states[t].late_spans
         fresh: list[_Pending] = []
         for g, forced in todo:
-            if self._pending and self._pending[0].due_ns <= time.time_ns():
+            if wall_clock and self._pending and self._pending[0].due_ns <= time.time_ns():
                 self.publish_due()  # an earlier page's request came due: store it now, not after this page
             members = [s for t in sorted(g) for s in spans.get(t, [])]
             summaries: list[RequestSummary] = []

@@ -8,9 +8,10 @@ are stored once and referenced.
 from railtrace.store.engine import make_engine, migrate
 from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
 from railtrace.store.rows import RowBatch, rows_from_request
-from railtrace.store.store import InsertResult, Store
+from railtrace.store.store import AssembledGroup, InsertResult, Store
 
 __all__ = [
+    "AssembledGroup",
     "Cursor",
     "InsertResult",
     "Page",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import time
 from collections import Counter
@@ -752,9 +753,17 @@ def _request_row(s: RequestSummary, now_ns: int) -> dict[str, Any]:
     }
 
 
-# Multi-row forms of the one-row SQLite INSERTs, by (statement, rows in it).
-_MULTI_ROW_SQL: dict[tuple[str, int], str] = {}
 MAX_ROWS_PER_STATEMENT = 1024
+
+
+@functools.lru_cache(maxsize=64)
+def _multi_row_sql(sql: str, size: int) -> str:
+    """The one-row INSERT `sql` as a statement taking `size` rows (NULL rows are dropped)."""
+    head, rest = sql.split(" VALUES ", 1)
+    end = rest.index(")") + 1
+    row, tail = rest[:end], rest[end:]
+    columns = ", ".join(f"column{i + 1}" for i in range(row.count(",") + 1))
+    return f"{head} SELECT {columns} FROM (VALUES {', '.join([row] * size)}) WHERE column1 IS NOT NULL{tail}"
 
 
 def _insert_values(cur: Any, sql: str, rows: Sequence[Sequence[Any]]) -> int:
@@ -783,17 +792,7 @@ def _insert_values(cur: Any, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         size = 1
         while size < len(part):
             size *= 2
-        statement = _MULTI_ROW_SQL.get((sql, size))
-        if statement is None:
-            head, rest = sql.split(" VALUES ", 1)
-            end = rest.index(")") + 1
-            row, tail = rest[:end], rest[end:]
-            columns = ", ".join(f"column{i + 1}" for i in range(row.count(",") + 1))
-            statement = (
-                f"{head} SELECT {columns} FROM (VALUES {', '.join([row] * size)})"
-                f" WHERE column1 IS NOT NULL{tail}"
-            )
-            _MULTI_ROW_SQL[(sql, size)] = statement
+        statement = _multi_row_sql(sql, size)
         params = [v for r in part for v in r]
         params += [None] * (width * (size - len(part)))
         cur.execute(statement, params)
