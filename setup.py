@@ -3,9 +3,12 @@
 `api/` is imported as `railtrace` and `tracing/` as `railtrace_tracing`: a bare `api` or
 `tracing` package would shadow (or be shadowed by) modules of the same name inside vLLM,
 a gateway or any other host application the shims are loaded into.
+
+The service's C accelerators are optional: without a compiler the install still works and the
+service takes the same code paths in Python (slower).
 """
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 FOLDERS = {"railtrace": "api", "railtrace_tracing": "tracing"}
 
@@ -18,4 +21,8 @@ def _packages() -> list[str]:
     return names
 
 
-setup(packages=_packages(), package_dir=dict(FOLDERS))
+ACCELERATORS = [
+    Extension("railtrace.otlp._wirescan", ["api/otlp/_wirescan.c"], optional=True),
+]
+
+setup(packages=_packages(), package_dir=dict(FOLDERS), ext_modules=ACCELERATORS)

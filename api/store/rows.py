@@ -25,6 +25,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 from railtrace.model import Span
 from railtrace.normalize import normalize_request_id, normalize_span
 from railtrace.normalize.table import KEY_ATTRIBUTES
+from railtrace.otlp.accelerators import wirescan
 from railtrace.otlp.content import KeyScan
 from railtrace.otlp.decode import (
     DEFAULT_DROP,
@@ -76,8 +77,9 @@ def service_name_of(resource: dict[str, Any]) -> str:
 
 def chunk_id(body: bytes) -> int:
     """A chunk's id within its trace: a 63-bit hash of its body, so that an exporter's retry of
-    the same call (the same bytes) stores nothing new."""
-    return int.from_bytes(hashlib.blake2b(body, digest_size=8).digest(), "big") >> 1
+    the same call (the same bytes) stores nothing new. SHA-256, because CPUs with SHA
+    instructions hash twice as fast with it as with BLAKE2b, and ingest hashes every byte."""
+    return int.from_bytes(hashlib.sha256(body).digest()[:8], "big") >> 1
 
 
 def chunk_records(body: bytes) -> list[tuple[int, bytes]]:
@@ -312,8 +314,26 @@ _ZERO_TRACE = bytes(16)
 _ZERO_SPAN = bytes(8)
 
 
+def _scopes(request: ExportTraceServiceRequest, batch: RowBatch) -> list[tuple[int, Any]]:
+    """(resource id, ScopeSpans) of each scope of the call, in order; the resources go into
+    the batch. Resource attributes are decoded once per call, not per span."""
+    result = DecodeResult()
+    out: list[tuple[int, Any]] = []
+    for rs in request.resource_spans:
+        resource = attributes(rs.resource.attributes, DEFAULT_DROP, result)
+        for ss in rs.scope_spans:
+            rid, blob = resource_key(resource, ss.scope.name[:256])
+            batch.resources[rid] = blob
+            out.append((rid, ss))
+    batch.dropped_content_attributes += result.dropped_content_attributes
+    return out
+
+
 def rows_from_request(
-    request: ExportTraceServiceRequest, raw: bytes | None = None, content_free: bool = False
+    request: ExportTraceServiceRequest,
+    raw: bytes | None = None,
+    content_free: bool = False,
+    accelerated: bool = True,
 ) -> RowBatch:
     """Rows for every valid span of an export request; invalid spans are counted with a reason.
 
@@ -321,91 +341,134 @@ def rows_from_request(
     the chunk's body, next to its resource id. `raw` is the request's own encoding when the
     caller has it: span encodings are cut out of it (when it holds no content attributes) and
     it is scanned once for content attributes, unless the caller has ruled them out
-    (`content_free`). This loop is the ingest hot path: each span field is read once, and
-    validity is one expression for the usual case.
+    (`content_free`). With `raw` and no content, the C accelerator does the per-span work
+    when it is built (`accelerated`); otherwise, and when the bytes are not in the plain shape
+    it reads, the same rows are built in Python.
     """
     batch = RowBatch()
     check_content = not content_free and may_hold_content(
         raw if raw is not None else request.SerializeToString()
     )
+    scopes = _scopes(request, batch)
+    native = raw is not None and not check_content and accelerated and wirescan is not None
+    if native and _rows_accelerated(raw, scopes, batch):  # type: ignore[arg-type]
+        return batch
+    _rows_python(raw, scopes, check_content, batch)
+    return batch
+
+
+def _rows_accelerated(raw: bytes, scopes: list[tuple[int, Any]], batch: RowBatch) -> bool:
+    """The per-span work done by `railtrace.otlp._wirescan`; False (batch untouched but for
+    its resources) when the bytes are not in the plain shape it reads."""
+    out = wirescan.chunk_spans(  # type: ignore[union-attr]
+        raw, [(rid, len(ss.spans)) for rid, ss in scopes], _KEY_FINDERS, MIN_TIME_NS, MAX_TIME_NS
+    )
+    if out is None:
+        return False
+    chunks, candidates, slow, rejected, valid = out
+    for encoding in rejected:
+        batch.rejected += 1
+        if len(batch.errors) < 50:
+            s = PbSpan.FromString(encoding)
+            batch.errors.append(_invalid(s) or f"span {s.span_id.hex()}: invalid")
+    cache: dict[bytes, str | None] = {}
+    keys: set[tuple[str, bytes]] = set()
+    for tid, raws in candidates:
+        for value in raws:
+            key = cache.get(value, _UNSEEN)
+            if key is _UNSEEN:
+                key = normalize_request_id(value.decode("utf-8", "replace"))
+                key = cache[value] = key[:MAX_KEY] if key else None
+            if key:
+                keys.add((key, tid))  # type: ignore[arg-type]
+                break
+    for tid, body in slow:
+        key = _request_key(body, cache, _KEY_FINDERS)
+        if key:
+            keys.add((key, tid))
+    batch.chunks = [[tid.hex(), chunk_id(body), 0, n, body, root] for tid, body, n, root in chunks]
+    batch.keys = {(key, tid.hex()) for key, tid in keys}
+    batch.span_count = valid
+    return True
+
+
+_UNSEEN = object()
+
+
+def _rows_python(
+    raw: bytes | None, scopes: list[tuple[int, Any]], check_content: bool, batch: RowBatch
+) -> None:
+    """The per-span work in Python. This loop was the ingest hot path before the accelerator:
+    each span field is read once, and validity is one expression for the usual case."""
     slices = span_slices(raw) if raw is not None and not check_content else None
     seen: set[bytes] = set()
     key_cache: dict[bytes, str | None] = {}
-    result = DecodeResult()
     parts: dict[bytes, list[bytes]] = {}  # trace id -> its records' pieces, in order
     roots: set[bytes] = set()
     keys: set[tuple[str, bytes]] = set()  # (request key, trace id bytes)
     add_key = keys.add
     lo, hi = MIN_TIME_NS, MAX_TIME_NS
     pack = RECORD_HEADER.pack
-    scope_index = -1
-    for rs in request.resource_spans:
-        resource = attributes(rs.resource.attributes, DEFAULT_DROP, result)
-        for ss in rs.scope_spans:
-            scope_index += 1
-            rid, blob = resource_key(resource, ss.scope.name[:256])
-            batch.resources[rid] = blob
-            spans = ss.spans
-            bodies = None
-            needles: tuple[bytes, ...] | None = None
-            if slices is not None and scope_index < len(slices):
-                bodies, a, b = slices[scope_index]
-                if len(bodies) != len(spans):
-                    bodies = None
-                else:
-                    # The key needles this scope holds at all: a process's spans carry the
-                    # same attribute names, so most needles are ruled out for all its spans
-                    # by one search each, instead of one per span.
-                    needles = tuple(n for n in _KEY_FINDERS if raw.find(n, a, b) >= 0)  # type: ignore[union-attr]
-            last_tid = b""
-            pieces: list[bytes] = []
-            for i, s in enumerate(spans):
-                tid = s.trace_id
-                sid = s.span_id
-                parent = s.parent_span_id
-                start = s.start_time_unix_nano
-                if (
-                    len(tid) != 16
-                    or len(sid) != 8
-                    or (parent and len(parent) != 8)
-                    or not (lo <= start <= s.end_time_unix_nano < hi)
-                    or tid == _ZERO_TRACE
-                    or sid == _ZERO_SPAN
-                ):
-                    batch.rejected += 1
-                    if len(batch.errors) < 50:
-                        batch.errors.append(_invalid(s) or f"span {sid.hex()}: invalid")
-                    continue
-                ident = tid + sid
-                if ident in seen:  # the same span twice in one call
-                    continue
-                seen.add(ident)
-                if bodies is not None:
-                    body = bodies[i]
-                else:
+    for scope_index, (rid, ss) in enumerate(scopes):
+        spans = ss.spans
+        bodies = None
+        needles: tuple[bytes, ...] | None = None
+        if slices is not None and scope_index < len(slices):
+            bodies, a, b = slices[scope_index]
+            if len(bodies) != len(spans):
+                bodies = None
+            else:
+                # The key needles this scope holds at all: a process's spans carry the
+                # same attribute names, so most needles are ruled out for all its spans
+                # by one search each, instead of one per span.
+                needles = tuple(n for n in _KEY_FINDERS if raw.find(n, a, b) >= 0)  # type: ignore[union-attr]
+        last_tid = b""
+        pieces: list[bytes] = []
+        for i, s in enumerate(spans):
+            tid = s.trace_id
+            sid = s.span_id
+            parent = s.parent_span_id
+            start = s.start_time_unix_nano
+            if (
+                len(tid) != 16
+                or len(sid) != 8
+                or (parent and len(parent) != 8)
+                or not (lo <= start <= s.end_time_unix_nano < hi)
+                or tid == _ZERO_TRACE
+                or sid == _ZERO_SPAN
+            ):
+                batch.rejected += 1
+                if len(batch.errors) < 50:
+                    batch.errors.append(_invalid(s) or f"span {sid.hex()}: invalid")
+                continue
+            ident = tid + sid
+            if ident in seen:  # the same span twice in one call
+                continue
+            seen.add(ident)
+            if bodies is not None:
+                body = bodies[i]
+            else:
+                body = s.SerializeToString()
+                if check_content and any(n in body for n in CONTENT_NEEDLES):
+                    batch.dropped_content_attributes += _strip_content(s)
                     body = s.SerializeToString()
-                    if check_content and any(n in body for n in CONTENT_NEEDLES):
-                        batch.dropped_content_attributes += _strip_content(s)
-                        body = s.SerializeToString()
-                if tid != last_tid:
-                    last_tid = tid
-                    pieces = parts.setdefault(tid, [])
-                if not parent:
-                    roots.add(tid)
-                if needles is None or needles:
-                    request_key = _request_key(body, key_cache, needles)
-                    if request_key:
-                        add_key((request_key, tid))
-                pieces.append(pack(rid, len(body)))
-                pieces.append(body)
+            if tid != last_tid:
+                last_tid = tid
+                pieces = parts.setdefault(tid, [])
+            if not parent:
+                roots.add(tid)
+            if needles is None or needles:
+                request_key = _request_key(body, key_cache, needles)
+                if request_key:
+                    add_key((request_key, tid))
+            pieces.append(pack(rid, len(body)))
+            pieces.append(body)
     chunks = batch.chunks
     for tid, pieces in parts.items():
         body = b"".join(pieces)
         chunks.append([tid.hex(), chunk_id(body), 0, len(pieces) // 2, body, tid in roots])
     batch.keys = {(key, tid.hex()) for key, tid in keys}
     batch.span_count = len(seen)
-    batch.dropped_content_attributes += result.dropped_content_attributes
-    return batch
 
 
 def span_from_pb(trace_id: str, pb: PbSpan, resource: dict[str, Any], normalize: bool = True) -> Span:

@@ -1,0 +1,28 @@
+"""The service's optional C accelerators, each one the module or None when it is not built.
+
+Why optional: an install without a C compiler must still work; every accelerated step has a
+Python path with the same result, which the tests hold the two to. Setting
+`RAILTRACE_PURE_PYTHON=1` makes the service take the Python paths even where an accelerator is
+built (to rule one out when something looks wrong, or to measure what it saves).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+PURE_PYTHON_ENV = "RAILTRACE_PURE_PYTHON"
+
+
+def load(name: str) -> ModuleType | None:
+    """`railtrace.otlp.<name>` if it is built and not switched off, else None."""
+    if os.environ.get(PURE_PYTHON_ENV, "").strip().lower() in ("1", "true", "yes"):
+        return None
+    try:
+        return importlib.import_module(f"railtrace.otlp.{name}")
+    except ImportError:
+        return None
+
+
+wirescan = load("_wirescan")
