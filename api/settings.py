@@ -25,6 +25,11 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(16 * 1024 * 1024, description="Limit before and after decompression.")
     max_pending_spans: int = Field(200_000, description="Accepted-but-uncommitted spans before 429/503.")
     write_batch_spans: int = 4096
+    parse_inline_max_bytes: int = Field(
+        1024 * 1024,
+        description="Protobuf exports up to this size (after decompression) are parsed on the event loop,"
+        " not in a worker thread (0: always a worker thread).",
+    )
     retry_after_s: int = 1
 
     # Assembly.

@@ -34,12 +34,15 @@ from harness import PROTOBUF, cpu_seconds, free_port, post_all, serve_process  #
 from payload import export_calls  # noqa: E402
 
 from railtrace.ingest import prepare  # noqa: E402
-from railtrace.otlp import decode  # noqa: E402
+from railtrace.otlp import accelerators, decode  # noqa: E402
 from railtrace.otlp.decode import parse_protobuf  # noqa: E402
 from railtrace.store import Store, make_engine, migrate  # noqa: E402
+from railtrace.store.rows import rows_from_request  # noqa: E402
 from railtrace.store.schema import traces as traces_table  # noqa: E402
 
 PG_ADMIN = os.environ.get("RAILTRACE_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
 class Database:
     """A throwaway SQLite file or PostgreSQL database, removed afterwards."""
 
@@ -83,6 +86,11 @@ def ceilings(calls: list[bytes], db: str, with_cpu: bool = True) -> dict[str, fl
             "ceiling: decode every attribute to Span objects", lambda: [decode(c, PROTOBUF) for c in calls]
         )
         record("ceiling: parse + railtrace row building (ingest path)", lambda: [prepare(c) for c in calls])
+        if accelerators.wirescan is not None:
+            record(
+                "ceiling: parse + row building, accelerator off",
+                lambda: [rows_from_request(parse_protobuf(c), c, accelerated=False) for c in calls],
+            )
     batches = [prepare(c) for c in calls]
     database = Database(db)
     try:
@@ -101,11 +109,14 @@ def ceilings(calls: list[bytes], db: str, with_cpu: bool = True) -> dict[str, fl
     return out
 
 
-def end_to_end(calls: list[bytes], db: str, clients: int, quiet_period: float | None) -> dict[str, float]:
+def end_to_end(
+    calls: list[bytes], db: str, clients: int, quiet_period: float | None, pure_python: bool = False
+) -> dict[str, float]:
     database = Database(db)
     n_spans = 512 * len(calls)
+    env = {accelerators.PURE_PYTHON_ENV: "1"} if pure_python else None
     try:
-        with serve_process(database.url, database.tmp, quiet_period) as (proc, base):
+        with serve_process(database.url, database.tmp, quiet_period, env) as (proc, base):
             cpu0 = cpu_seconds(proc.pid)
             t = time.perf_counter()
             elapsed, retries = post_all(base, calls, clients)
@@ -133,6 +144,7 @@ def end_to_end(calls: list[bytes], db: str, clients: int, quiet_period: float | 
     finally:
         database.drop()
     label = f"{db} end to end" + (" (assembly deferred)" if quiet_period and quiet_period > 60 else "")
+    label += " (accelerator off)" if pure_python else ""
     return {
         f"{label}, durable and queryable, wall clock": rate(n_spans, elapsed),
         f"{label}, per server CPU-second": rate(n_spans, server_cpu),
@@ -245,6 +257,12 @@ def main() -> int:
     )
     ap.add_argument("--phoenix", help="path of `phoenix` in its own venv: run it side by side (SQLite)")
     ap.add_argument("--phoenix-spans", type=int, default=10240, help="spans sent to Phoenix (it is slow)")
+    ap.add_argument(
+        "--accelerator-off-rounds",
+        type=int,
+        default=0,
+        help="then run end to end this many times each without and with the C accelerator, alternately",
+    )
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
     calls = export_calls(args.spans)
@@ -255,6 +273,10 @@ def main() -> int:
         results.update(end_to_end(calls, db, args.clients, args.quiet_period))
         if args.also_deferred:
             results.update(end_to_end(calls, db, args.clients, 3600.0))
+    for k in range(1, args.accelerator_off_rounds + 1):
+        for off in (True, False):
+            for key, value in end_to_end(calls, dbs[0], args.clients, args.quiet_period, off).items():
+                results[f"{key}, round {k}"] = value
     if args.phoenix:
         phoenix_calls = calls[: max(1, args.phoenix_spans // 512)]
         results.update(phoenix(phoenix_calls, args.phoenix, args.clients))

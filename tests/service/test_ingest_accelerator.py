@@ -10,14 +10,13 @@ with hostile values, on mangled bytes, and on encodings the accelerator leaves t
 from __future__ import annotations
 
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from benchmarks.ingest.payload import export_calls
 from railtrace.otlp import accelerators
 from railtrace.otlp.content import KeyScan
 from railtrace.otlp.decode import PayloadError, parse_protobuf
@@ -26,9 +25,6 @@ from railtrace.server.security import content_filter
 from railtrace.store.rows import RowBatch, rows_from_request
 from tests.fixtures.otlp_fixtures import protobuf_body, scenario_names
 from tests.reliability.otlp_strategies import export_requests, mangled
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "ingest"))
-from payload import export_calls  # noqa: E402
 
 wirescan = accelerators.wirescan
 needs_accelerator = pytest.mark.skipif(wirescan is None, reason="the C accelerator is not built")

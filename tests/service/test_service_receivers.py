@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from service_helpers import export_request, settings_for, span_id, trace_id, wait_for
 from sqlalchemy import create_engine, select, text
 
+from railtrace.server import otlp_http
 from railtrace.server.runner import Service
 from railtrace.store.schema import span_chunks
 from railtrace.store.schema import traces as traces_table
@@ -329,3 +330,29 @@ def test_content_is_never_stored(service: Service) -> None:
     with service.runtime.engine.connect() as conn:
         blobs = conn.execute(select(span_chunks.c.body)).scalars().all()
     assert blobs and not any(secret.encode() in bytes(b) for b in blobs)
+
+
+def test_small_exports_are_parsed_inline_and_large_ones_in_a_worker_thread(db_url: str) -> None:
+    """Both routes give the same answers: the threshold only decides where the parse runs."""
+    small = export_request([1]).SerializeToString()
+    large = export_request([2, 3, 4]).SerializeToString()
+    with Service(settings_for(db_url, parse_inline_max_bytes=len(small))) as svc:
+        calls: list[str] = []
+        prepare = otlp_http._prepare
+
+        def spy(*args: object) -> object:
+            calls.append(threading.current_thread().name)
+            return prepare(*args)
+
+        otlp_http._prepare = spy
+        try:
+            assert post(svc, small).status_code == 200
+            assert post(svc, large).status_code == 200
+            assert post(svc, b"\xff" * (len(small) + 1)).status_code == 400
+            assert post(svc, b"\xff" * 10).status_code == 400
+        finally:
+            otlp_http._prepare = prepare
+        assert stored_spans(svc) == 32
+    inline, threaded, threaded_bad, inline_bad = calls
+    assert inline == inline_bad and threaded == threaded_bad
+    assert inline != threaded  # the event loop's thread, then a worker thread
