@@ -19,7 +19,7 @@ from concurrent.futures import Future
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from railtrace.otlp.decode import parse_json, parse_protobuf
-from railtrace.store import InsertResult, RowBatch, Store, rows_from_request
+from railtrace.store import InsertResult, RowBatch, Store, rows_from_bytes, rows_from_request
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,9 @@ def prepare(
         return rows_from_request(body, content_free=content_free)
     if media == "application/json":
         return rows_from_request(parse_json(body), content_free=content_free)
+    batch = rows_from_bytes(body, content_free)  # the usual call: no protobuf objects at all
+    if batch is not None:
+        return batch
     return rows_from_request(parse_protobuf(body), raw=body, content_free=content_free)
 
 

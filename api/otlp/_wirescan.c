@@ -24,6 +24,8 @@ read_varint(const uint8_t **pp, const uint8_t *end, uint64_t *out)
     uint64_t value = 0;
     for (int shift = 0; shift < 64 && p < end; shift += 7) {
         uint8_t b = *p++;
+        if (shift == 63 && b > 1)
+            return -1; /* more than 64 bits: leave it to the protobuf library */
         value |= (uint64_t)(b & 0x7F) << shift;
         if (!(b & 0x80)) {
             *pp = p;
@@ -90,6 +92,148 @@ next_field(const uint8_t **pp, const uint8_t *end, field *f)
         return -1;
     }
     *pp = p;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- validation */
+
+/* Whether a string field holds UTF-8 as the protobuf library requires of proto3 strings: no
+ * overlong forms, no surrogates, nothing above U+10FFFF. */
+static int
+utf8_ok(const uint8_t *p, const uint8_t *end)
+{
+    while (p < end) {
+        while (end - p >= 8) { /* ASCII runs, eight bytes at a time */
+            uint64_t w;
+            memcpy(&w, p, 8);
+            if (w & 0x8080808080808080ULL)
+                break;
+            p += 8;
+        }
+        if (p >= end)
+            break;
+        uint8_t c = p[0];
+        if (c < 0x80) {
+            p += 1;
+        }
+        else if (c >= 0xC2 && c <= 0xDF) {
+            if (end - p < 2 || (p[1] & 0xC0) != 0x80)
+                return 0;
+            p += 2;
+        }
+        else if (c >= 0xE0 && c <= 0xEF) {
+            if (end - p < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80)
+                return 0;
+            if ((c == 0xE0 && p[1] < 0xA0) || (c == 0xED && p[1] > 0x9F))
+                return 0; /* overlong, surrogate */
+            p += 3;
+        }
+        else if (c >= 0xF0 && c <= 0xF4) {
+            if (end - p < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80)
+                return 0;
+            if ((c == 0xF0 && p[1] < 0x90) || (c == 0xF4 && p[1] > 0x8F))
+                return 0; /* overlong, above U+10FFFF */
+            p += 4;
+        }
+        else
+            return 0;
+    }
+    return 1;
+}
+
+/* The OTLP span schema, as far as checking it needs: each known field's wire shape, indexed
+ * by field number (F_NONE: not a field of that message). */
+typedef enum { F_NONE, F_BYTES, F_STRING, F_VARINT, F_FIXED64, F_FIXED32, F_MESSAGE } field_kind;
+typedef struct message_def message_def;
+typedef struct {
+    field_kind kind;
+    const message_def *message;
+} field_def;
+struct message_def {
+    const field_def *fields;
+    int count; /* highest field number + 1 */
+};
+
+extern const message_def ANY_VALUE;
+static const field_def KEY_VALUE_FIELDS[] = {[1] = {F_STRING, NULL}, [2] = {F_MESSAGE, &ANY_VALUE}};
+static const message_def KEY_VALUE = {KEY_VALUE_FIELDS, 3};
+static const field_def ARRAY_VALUE_FIELDS[] = {[1] = {F_MESSAGE, &ANY_VALUE}};
+static const message_def ARRAY_VALUE = {ARRAY_VALUE_FIELDS, 2};
+static const field_def KV_LIST_FIELDS[] = {[1] = {F_MESSAGE, &KEY_VALUE}};
+static const message_def KV_LIST = {KV_LIST_FIELDS, 2};
+static const field_def ANY_VALUE_FIELDS[] = {
+    [1] = {F_STRING, NULL},          [2] = {F_VARINT, NULL},       [3] = {F_VARINT, NULL},
+    [4] = {F_FIXED64, NULL},         [5] = {F_MESSAGE, &ARRAY_VALUE}, [6] = {F_MESSAGE, &KV_LIST},
+    [7] = {F_BYTES, NULL},
+};
+const message_def ANY_VALUE = {ANY_VALUE_FIELDS, 8};
+static const field_def EVENT_FIELDS[] = {
+    [1] = {F_FIXED64, NULL}, [2] = {F_STRING, NULL}, [3] = {F_MESSAGE, &KEY_VALUE}, [4] = {F_VARINT, NULL}};
+static const message_def EVENT = {EVENT_FIELDS, 5};
+static const field_def LINK_FIELDS[] = {
+    [1] = {F_BYTES, NULL},  [2] = {F_BYTES, NULL},  [3] = {F_STRING, NULL},
+    [4] = {F_MESSAGE, &KEY_VALUE}, [5] = {F_VARINT, NULL}, [6] = {F_FIXED32, NULL}};
+static const message_def LINK = {LINK_FIELDS, 7};
+static const field_def STATUS_FIELDS[] = {[2] = {F_STRING, NULL}, [3] = {F_VARINT, NULL}};
+static const message_def STATUS = {STATUS_FIELDS, 4};
+static const field_def SPAN_FIELDS[] = {
+    [1] = {F_BYTES, NULL},          [2] = {F_BYTES, NULL},   [3] = {F_STRING, NULL},
+    [4] = {F_BYTES, NULL},          [5] = {F_STRING, NULL},  [6] = {F_VARINT, NULL},
+    [7] = {F_FIXED64, NULL},        [8] = {F_FIXED64, NULL}, [9] = {F_MESSAGE, &KEY_VALUE},
+    [10] = {F_VARINT, NULL},        [11] = {F_MESSAGE, &EVENT}, [12] = {F_VARINT, NULL},
+    [13] = {F_MESSAGE, &LINK},      [14] = {F_VARINT, NULL}, [15] = {F_MESSAGE, &STATUS},
+    [16] = {F_FIXED32, NULL},
+};
+static const message_def SPAN = {SPAN_FIELDS, 17};
+
+/* Nesting the check follows (a span sits at depth 4 of an export call); deeper values are
+ * left to the protobuf library, whose own limit is 100. */
+#define MAX_CHECK_DEPTH 64
+
+/* Whether the protobuf library would parse these bytes as message `m`: 0 yes, -1 not sure.
+ * Stricter than the library where that is simpler (a known field with another wire type is
+ * an unknown field to it; here it is "not sure"), never more lenient. */
+static int
+check_message(const uint8_t *p, const uint8_t *end, const message_def *m, int depth)
+{
+    if (depth > MAX_CHECK_DEPTH)
+        return -1;
+    field f;
+    while (p < end) {
+        if (next_field(&p, end, &f) < 0)
+            return -1;
+        const field_def *d = f.number < m->count ? &m->fields[f.number] : NULL;
+        if (!d || d->kind == F_NONE)
+            continue; /* an unknown field, validly framed */
+        switch (d->kind) {
+        case F_NONE:
+            break;
+        case F_BYTES:
+            if (f.wire != 2)
+                return -1;
+            break;
+        case F_STRING:
+            if (f.wire != 2 || !utf8_ok(f.start, f.stop))
+                return -1;
+            break;
+        case F_VARINT:
+            if (f.wire != 0)
+                return -1;
+            break;
+        case F_FIXED64:
+            if (f.wire != 1)
+                return -1;
+            break;
+        case F_FIXED32:
+            if (f.wire != 5)
+                return -1;
+            break;
+        case F_MESSAGE:
+            if (f.wire != 2 || check_message(f.start, f.stop, d->message, depth + 1) < 0)
+                return -1;
+            break;
+        }
+    }
     return 0;
 }
 
@@ -487,6 +631,7 @@ typedef struct {
     chunk *chunks;
     Py_ssize_t nchunks;
     PyObject *candidates, *slow, *rejected;
+    int check; /* the call was not parsed by the protobuf library: check every span here */
 } state;
 
 static void
@@ -516,6 +661,8 @@ take_span(state *st, const uint8_t *p, const uint8_t *end, uint64_t rid, Py_ssiz
     span_view s = {0};
     s.start = p;
     s.stop = end;
+    if (st->check && check_message(p, end, &SPAN, 4) < 0)
+        return 1;
     if (read_span(p, end, &s) < 0)
         return 1;
     if (!span_valid(&s, lo, hi)) {
@@ -600,6 +747,16 @@ take_span(state *st, const uint8_t *p, const uint8_t *end, uint64_t rid, Py_ssiz
     return 0;
 }
 
+/* A field of ResourceSpans or ScopeSpans in the shape the protobuf library reads: field 1
+ * (resource, scope) and 2 (scopes, spans) are messages, field 3 (schema_url) a UTF-8 string. */
+static int
+plain_outer_field(const field *f)
+{
+    if (f->number > 3)
+        return 1;
+    return f->wire == 2 && (f->number != 3 || utf8_ok(f->start, f->stop));
+}
+
 /* Status: 0 done, 1 fall back, -1 error set. */
 static int
 walk_call(state *st, const uint8_t *raw, Py_ssize_t n, Py_ssize_t *valid, uint64_t lo, uint64_t hi)
@@ -621,7 +778,7 @@ walk_call(state *st, const uint8_t *raw, Py_ssize_t n, Py_ssize_t *valid, uint64
         }
         const uint8_t *q = rs.start;
         while (status == 0 && q < rs.stop) {
-            if (next_field(&q, rs.stop, &ss) < 0) {
+            if (next_field(&q, rs.stop, &ss) < 0 || (st->check && !plain_outer_field(&ss))) {
                 status = 1;
                 break;
             }
@@ -634,7 +791,7 @@ walk_call(state *st, const uint8_t *raw, Py_ssize_t n, Py_ssize_t *valid, uint64
             Py_ssize_t spans = 0;
             const uint8_t *r = ss.start;
             while (status == 0 && r < ss.stop) {
-                if (next_field(&r, ss.stop, &sp) < 0) {
+                if (next_field(&r, ss.stop, &sp) < 0 || (st->check && !plain_outer_field(&sp))) {
                     status = 1;
                     break;
                 }
@@ -662,10 +819,13 @@ chunk_spans(PyObject *Py_UNUSED(module), PyObject *args)
     Py_buffer raw;
     PyObject *scopes_arg, *needles_arg;
     unsigned long long lo, hi;
-    if (!PyArg_ParseTuple(args, "y*OO!KK:chunk_spans", &raw, &scopes_arg, &PyTuple_Type, &needles_arg, &lo, &hi))
+    int check = 0;
+    if (!PyArg_ParseTuple(args, "y*OO!KK|p:chunk_spans", &raw, &scopes_arg, &PyTuple_Type, &needles_arg, &lo, &hi,
+                          &check))
         return NULL;
     state st;
     memset(&st, 0, sizeof(st));
+    st.check = check;
     PyObject *result = NULL;
     Py_ssize_t total = 0, valid = 0;
     if (parse_scopes(scopes_arg, &st.scopes, &st.nscopes, &total) < 0)
@@ -723,13 +883,88 @@ done:
     return result;
 }
 
+/* The (resource, scope, span count) of each ScopeSpans of an export call, in order, or None
+ * when its outer framing is not the plain one (a resource or scope field repeated, which the
+ * protobuf library would merge; an unexpected wire type). */
+static PyObject *
+scopes(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    Py_buffer raw;
+    if (!PyArg_ParseTuple(args, "y*:scopes", &raw))
+        return NULL;
+    PyObject *out = PyList_New(0), *result = NULL;
+    const uint8_t *p = raw.buf, *end = p + raw.len;
+    field rs, f, sp;
+    int plain = 1;
+    if (!out)
+        goto done;
+    while (plain && p < end) {
+        if (next_field(&p, end, &rs) < 0 || (rs.number == 1 && rs.wire != 2)) {
+            plain = 0;
+            break;
+        }
+        if (rs.number != 1)
+            continue;
+        /* First the resource: it may come after its scopes. */
+        const uint8_t *resource = rs.start, *resource_end = rs.start;
+        int resources = 0;
+        for (const uint8_t *q = rs.start; plain && q < rs.stop;) {
+            if (next_field(&q, rs.stop, &f) < 0 || !plain_outer_field(&f))
+                plain = 0;
+            else if (f.number == 1) {
+                plain = ++resources == 1;
+                resource = f.start;
+                resource_end = f.stop;
+            }
+        }
+        for (const uint8_t *q = rs.start; plain && q < rs.stop;) {
+            next_field(&q, rs.stop, &f); /* framing checked above */
+            if (f.number != 2)
+                continue;
+            const uint8_t *scope = f.start, *scope_end = f.start;
+            int scope_fields = 0;
+            Py_ssize_t spans = 0;
+            for (const uint8_t *r = f.start; plain && r < f.stop;) {
+                if (next_field(&r, f.stop, &sp) < 0 || !plain_outer_field(&sp))
+                    plain = 0;
+                else if (sp.number == 1) {
+                    plain = ++scope_fields == 1;
+                    scope = sp.start;
+                    scope_end = sp.stop;
+                }
+                else if (sp.number == 2)
+                    spans++;
+            }
+            if (!plain)
+                break;
+            PyObject *item = Py_BuildValue("(y#y#n)", resource, (Py_ssize_t)(resource_end - resource), scope,
+                                           (Py_ssize_t)(scope_end - scope), spans);
+            if (!item || PyList_Append(out, item) < 0) {
+                Py_XDECREF(item);
+                goto done;
+            }
+            Py_DECREF(item);
+        }
+    }
+    result = plain ? Py_NewRef(out) : Py_NewRef(Py_None);
+done:
+    Py_XDECREF(out);
+    PyBuffer_Release(&raw);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"scopes", scopes, METH_VARARGS,
+     "scopes(raw) -> list[tuple[bytes, bytes, int]] | None\n\n"
+     "(Resource encoding, InstrumentationScope encoding, span count) of each ScopeSpans of an\n"
+     "export call, in order; None when the outer framing is not the plain one."},
     {"contains_any", contains_any, METH_VARARGS,
      "contains_any(buffer, needles: tuple[bytes, ...]) -> bool\n\n"
      "Whether the buffer holds any of the needles, in one pass."},
     {"chunk_spans", chunk_spans, METH_VARARGS,
-     "chunk_spans(raw, scopes, key_needles, min_time_ns, max_time_ns) -> tuple | None\n\n"
-     "The spans of a parsed, content-free export call grouped into chunk records.\n"
+     "chunk_spans(raw, scopes, key_needles, min_time_ns, max_time_ns, check=False) -> tuple | None\n\n"
+     "The spans of a content-free export call grouped into chunk records. `check`: the call was\n"
+     "not parsed by the protobuf library, so check that it would parse every span (else None).\n"
      "`scopes`: (resource id, span count) of each ScopeSpans, in order. Returns (chunks,\n"
      "keys, slow, rejected, valid): chunks as (trace id, body, span count, has root) in order\n"
      "of first appearance; keys as (trace id, request-id candidates strongest first) per span;\n"

@@ -7,7 +7,7 @@ are stored once and referenced.
 
 from railtrace.store.engine import make_engine, migrate
 from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
-from railtrace.store.rows import RowBatch, rows_from_request
+from railtrace.store.rows import RowBatch, rows_from_bytes, rows_from_request
 from railtrace.store.store import AssembledGroup, InsertResult, Store
 
 __all__ = [
@@ -21,5 +21,6 @@ __all__ = [
     "StoreError",
     "make_engine",
     "migrate",
+    "rows_from_bytes",
     "rows_from_request",
 ]

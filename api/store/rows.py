@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 from railtrace.model import Span
@@ -365,6 +368,52 @@ def _rows_accelerated(raw: bytes, scopes: list[tuple[int, Any]], batch: RowBatch
     )
     if out is None:
         return False
+    _take_accelerated(out, batch)
+    return True
+
+
+def rows_from_bytes(raw: bytes, content_free: bool = False) -> RowBatch | None:
+    """Rows for an export call straight from its bytes, without the protobuf library parsing
+    its spans: the C accelerator checks that the library would parse each of them (field
+    shapes, UTF-8, nesting) while it builds the rows, and only the few resource and scope
+    messages are parsed here.
+
+    None when the accelerator is not built, the call may carry content attributes, or anything
+    about it is unusual; the caller then parses the call (and raises its `PayloadError`) and
+    builds the rows from the parsed message. Why: parsing every span into protobuf objects was
+    the largest cost left in ingest once the rows were built in C.
+    """
+    if wirescan is None or (not content_free and may_hold_content(raw)):
+        return None
+    listed = wirescan.scopes(raw)
+    if listed is None:
+        return None
+    batch = RowBatch()
+    result = DecodeResult()
+    resources: dict[bytes, dict[str, Any]] = {}
+    scopes: list[tuple[int, int]] = []
+    try:
+        for resource_bytes, scope_bytes, span_count in listed:
+            resource = resources.get(resource_bytes)
+            if resource is None:
+                message = Resource.FromString(resource_bytes)
+                resource = resources[resource_bytes] = attributes(message.attributes, DEFAULT_DROP, result)
+            scope = InstrumentationScope.FromString(scope_bytes)
+            rid, blob = resource_key(resource, scope.name[:256])
+            batch.resources[rid] = blob
+            scopes.append((rid, span_count))
+    except DecodeError:
+        return None
+    out = wirescan.chunk_spans(raw, scopes, _KEY_FINDERS, MIN_TIME_NS, MAX_TIME_NS, True)
+    if out is None:
+        return None
+    batch.dropped_content_attributes += result.dropped_content_attributes
+    _take_accelerated(out, batch)
+    return batch
+
+
+def _take_accelerated(out: tuple[Any, ...], batch: RowBatch) -> None:
+    """Fill the batch from what `_wirescan.chunk_spans` returned."""
     chunks, candidates, slow, rejected, valid = out
     for encoding in rejected:
         batch.rejected += 1
@@ -389,7 +438,6 @@ def _rows_accelerated(raw: bytes, scopes: list[tuple[int, Any]], batch: RowBatch
     batch.chunks = [[tid.hex(), chunk_id(body), 0, n, body, root] for tid, body, n, root in chunks]
     batch.keys = {(key, tid.hex()) for key, tid in keys}
     batch.span_count = valid
-    return True
 
 
 _UNSEEN = object()

@@ -15,14 +15,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 
 from benchmarks.ingest.payload import export_calls
+from railtrace.ingest import prepare
 from railtrace.otlp import accelerators
 from railtrace.otlp.content import KeyScan
 from railtrace.otlp.decode import PayloadError, parse_protobuf
 from railtrace.otlp.encode import key_value
 from railtrace.server.security import content_filter
-from railtrace.store.rows import RowBatch, rows_from_request
+from railtrace.store.rows import RowBatch, rows_from_bytes, rows_from_request
 from tests.fixtures.otlp_fixtures import protobuf_body, scenario_names
 from tests.reliability.otlp_strategies import export_requests, mangled
 
@@ -51,9 +53,15 @@ def _content_free(request: ExportTraceServiceRequest) -> bytes:
 
 
 def _both(raw: bytes) -> tuple[tuple[object, ...], tuple[object, ...]]:
-    # Parsed twice: the Python path strips content attributes from the message it is given.
+    """(accelerated rows, Python rows) of a call. The accelerated rows come straight from the
+    bytes when the accelerator takes the call unparsed, else from the parsed message; either
+    must equal the Python path's."""
+    # Parsed anew for each path: the Python path strips content attributes in place.
+    unparsed = rows_from_bytes(raw)
     fast = rows_from_request(parse_protobuf(raw), raw, accelerated=True)
     plain = rows_from_request(parse_protobuf(raw), raw, accelerated=False)
+    if unparsed is not None:
+        assert _rows(unparsed) == _rows(fast)
     return _rows(fast), _rows(plain)
 
 
@@ -105,7 +113,10 @@ def test_mangled_bytes_give_the_same_rows_or_the_same_error(
     try:
         fast, plain = _both(raw)
     except PayloadError:
-        return  # not a request at all: the protobuf library rejects it before either path runs
+        # Not a request at all: the protobuf library rejects it, so the accelerator must not
+        # take it unparsed (its rows would hold spans that cannot be read back).
+        assert rows_from_bytes(raw) is None
+        return
     assert fast == plain
 
 
@@ -206,3 +217,77 @@ def test_bad_arguments_raise_not_crash() -> None:
         wirescan.chunk_spans(b"", [(1, -1)], (), 0, 1)
     assert wirescan.chunk_spans(b"\xff\xff\xff", [], (), 0, 1) is None
     assert wirescan.chunk_spans(b"", [], (), 0, 1) == ([], [], [], [], 0)
+
+
+@needs_accelerator
+@pytest.mark.parametrize(
+    "bad",
+    [b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"ok\xe2\x82"],
+    ids=["invalid byte", "overlong", "surrogate", "above U+10FFFF", "cut short"],
+)
+def test_a_string_the_protobuf_library_rejects_is_not_taken_unparsed(bad: bytes) -> None:
+    name = b"\x2a" + _varint(len(bad)) + bad  # a second span name, not UTF-8
+    raw = _span_call(extra=name)
+    assert rows_from_bytes(raw) is None
+    with pytest.raises(PayloadError):
+        parse_protobuf(raw)
+
+
+@needs_accelerator
+def test_nesting_deeper_than_the_check_follows_is_left_to_the_protobuf_library() -> None:
+    value = AnyValue(string_value="leaf")
+    for _ in range(40):  # 80 messages deep: past the accelerator's check, within the library's
+        value = AnyValue(array_value=ArrayValue(values=[value]))
+    kv = KeyValue(key="deep", value=value).SerializeToString()
+    raw = _span_call(extra=b"\x4a" + _varint(len(kv)) + kv)
+    assert rows_from_bytes(raw) is None
+    fast, plain = _both(raw)
+    assert fast == plain and fast[3] == 1
+
+
+@needs_accelerator
+def test_a_resource_after_its_scopes_and_a_repeated_resource() -> None:
+    """Field order is free on the wire; a repeated message field is merged by the library."""
+    req = ExportTraceServiceRequest.FromString(_span_call())
+    rs = req.resource_spans[0]
+    rs.resource.attributes.append(key_value("service.name", "decode"))
+    resource = b"\x0a" + _varint(rs.resource.ByteSize()) + rs.resource.SerializeToString()
+    scopes = b"".join(b"\x12" + _varint(ss.ByteSize()) + ss.SerializeToString() for ss in rs.scope_spans)
+    for body in (scopes + resource, resource + scopes + resource):
+        raw = b"\x0a" + _varint(len(body)) + body
+        fast, plain = _both(raw)
+        assert fast == plain and b"decode" in next(iter(fast[2].values()))
+    assert rows_from_bytes(b"\x0a" + _varint(len(scopes + resource)) + scopes + resource) is not None
+    doubled = resource + scopes + resource
+    assert rows_from_bytes(b"\x0a" + _varint(len(doubled)) + doubled) is None
+
+
+@needs_accelerator
+def test_prepare_takes_the_call_unparsed_and_still_answers_bad_bytes_with_a_payload_error() -> None:
+    raw = export_calls(512, seed=3)[0]
+    assert rows_from_bytes(raw) is not None
+    assert _rows(prepare(raw)) == _rows(rows_from_request(parse_protobuf(raw), raw, accelerated=False))
+    with pytest.raises(PayloadError):
+        prepare(b"\x0a\x05\x12\x03\x12\x01\xff")  # a span field cut short
+
+
+_FLIP_BASE = export_calls(64, spans_per_call=64, seed=11)[0]
+
+
+@needs_accelerator
+@settings(max_examples=300, deadline=None)
+@given(flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=3))
+def test_byte_flips_are_taken_unparsed_only_when_the_protobuf_library_parses_them(
+    flips: list[tuple[int, int]],
+) -> None:
+    raw = bytearray(_FLIP_BASE)
+    for at, value in flips:
+        raw[at % len(raw)] = value
+    unparsed = rows_from_bytes(bytes(raw))
+    try:
+        request = parse_protobuf(bytes(raw))
+    except PayloadError:
+        assert unparsed is None
+        return
+    if unparsed is not None:
+        assert _rows(unparsed) == _rows(rows_from_request(request, bytes(raw), accelerated=False))
