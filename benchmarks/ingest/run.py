@@ -85,10 +85,13 @@ def ceilings(calls: list[bytes], db: str, with_cpu: bool = True) -> dict[str, fl
         record(
             "ceiling: decode every attribute to Span objects", lambda: [decode(c, PROTOBUF) for c in calls]
         )
-        record("ceiling: parse + railtrace row building (ingest path)", lambda: [prepare(c) for c in calls])
+        record(
+            "ceiling: railtrace row building from the call's bytes (ingest path)",
+            lambda: [prepare(c) for c in calls],
+        )
         if accelerators.wirescan is not None:
             record(
-                "ceiling: parse + row building, accelerator off",
+                "ceiling: the same, accelerator off (protobuf parse + Python rows)",
                 lambda: [rows_from_request(parse_protobuf(c), c, accelerated=False) for c in calls],
             )
     batches = [prepare(c) for c in calls]
