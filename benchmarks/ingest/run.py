@@ -113,13 +113,16 @@ def ceilings(calls: list[bytes], db: str, with_cpu: bool = True) -> dict[str, fl
 
 
 def end_to_end(
-    calls: list[bytes], db: str, clients: int, quiet_period: float | None, pure_python: bool = False
+    calls: list[bytes],
+    db: str,
+    clients: int,
+    quiet_period: float | None,
+    serve_env: dict[str, str] | None = None,
 ) -> dict[str, float]:
     database = Database(db)
     n_spans = 512 * len(calls)
-    env = {accelerators.PURE_PYTHON_ENV: "1"} if pure_python else None
     try:
-        with serve_process(database.url, database.tmp, quiet_period, env) as (proc, base):
+        with serve_process(database.url, database.tmp, quiet_period, serve_env) as (proc, base):
             cpu0 = cpu_seconds(proc.pid)
             t = time.perf_counter()
             elapsed, retries = post_all(base, calls, clients)
@@ -147,7 +150,7 @@ def end_to_end(
     finally:
         database.drop()
     label = f"{db} end to end" + (" (assembly deferred)" if quiet_period and quiet_period > 60 else "")
-    label += " (accelerator off)" if pure_python else ""
+    label += "".join(f" ({k}={v})" for k, v in (serve_env or {}).items())
     return {
         f"{label}, durable and queryable, wall clock": rate(n_spans, elapsed),
         f"{label}, per server CPU-second": rate(n_spans, server_cpu),
@@ -261,10 +264,15 @@ def main() -> int:
     ap.add_argument("--phoenix", help="path of `phoenix` in its own venv: run it side by side (SQLite)")
     ap.add_argument("--phoenix-spans", type=int, default=10240, help="spans sent to Phoenix (it is slow)")
     ap.add_argument(
-        "--accelerator-off-rounds",
+        "--compare-rounds",
         type=int,
         default=0,
-        help="then run end to end this many times each without and with the C accelerator, alternately",
+        help="then run end to end this many times each with and without --compare-env, alternately",
+    )
+    ap.add_argument(
+        "--compare-env",
+        default=f"{accelerators.PURE_PYTHON_ENV}=1",
+        help="KEY=VALUE for the service in the compared runs (default: the C accelerator off)",
     )
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
@@ -276,10 +284,11 @@ def main() -> int:
         results.update(end_to_end(calls, db, args.clients, args.quiet_period))
         if args.also_deferred:
             results.update(end_to_end(calls, db, args.clients, 3600.0))
-    for k in range(1, args.accelerator_off_rounds + 1):
-        for off in (True, False):
-            for key, value in end_to_end(calls, dbs[0], args.clients, args.quiet_period, off).items():
-                results[f"{key}, round {k}"] = value
+    key, _, value = args.compare_env.partition("=")
+    for k in range(1, args.compare_rounds + 1):
+        for env in ({key: value}, None):
+            for label, figure in end_to_end(calls, dbs[0], args.clients, args.quiet_period, env).items():
+                results[f"{label}, round {k}"] = figure
     if args.phoenix:
         phoenix_calls = calls[: max(1, args.phoenix_spans // 512)]
         results.update(phoenix(phoenix_calls, args.phoenix, args.clients))
