@@ -1,13 +1,15 @@
-"""OTLP protobuf spans <-> rows. Runs in the receiver threads, so the writer only inserts.
+"""OTLP protobuf spans <-> rows. Runs where the receiver hands over an export call, so the
+writer only inserts.
 
-What is a row and what is a blob: a span's row holds the columns the service filters and
-joins on (ids, parent, name, times, status, service, request key, resource id); the rest of
-the span is kept as its own OTLP protobuf encoding, exactly as received (minus content
-attributes). Encoding that blob is one C call, where turning every attribute into Python
-values costs far more than the database insert, so ingest never does it: attributes are
-decoded, bounded and normalised (`railtrace.normalize.normalize_span`) when spans are read,
-by the assembler and the API. Resource attribute sets repeat across every span of a process;
-they are decoded once per export call and stored once, keyed by a hash.
+What is a row and what is a blob: a trace's spans from one export call are one row (a chunk);
+each span is kept as its own OTLP protobuf encoding, exactly as received (minus content
+attributes), cut out of the call's bytes. Attributes are decoded, bounded and normalised
+(`railtrace.normalize.normalize_span`) when spans are read, by the assembler and the API:
+turning every attribute into Python values costs far more than the database insert. The
+per-span work (grouping by trace, checks, request-id candidates) is done by the C accelerator
+when it is built (`rows_from_bytes`, `_rows_accelerated`), else by `_rows_python`; both give
+the same rows. Resource attribute sets repeat across every span of a process; they are decoded
+once per export call and stored once, keyed by a hash.
 """
 
 from __future__ import annotations
