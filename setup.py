@@ -23,6 +23,8 @@ def _packages() -> list[str]:
 
 ACCELERATORS = [
     Extension("railtrace.otlp._wirescan", ["api/otlp/_wirescan.c"], optional=True),
+    # Reads stored spans without upb (railtrace.store.spans); without it, through upb.
+    Extension("railtrace.otlp._spandecode", ["api/otlp/_spandecode.c"], optional=True),
 ]
 
 setup(packages=_packages(), package_dir=dict(FOLDERS), ext_modules=ACCELERATORS)
