@@ -19,8 +19,9 @@ from railtrace.store.engine import is_sqlite
 from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
 from railtrace.store.rollup import DIMENSIONS, REQUEST_COLUMNS, RollupDelta, hour_of
 from railtrace.store.rollup import read as rollup_read
-from railtrace.store.rows import RowBatch, chunk_records, span_from_pb
+from railtrace.store.rows import RowBatch, chunk_records
 from railtrace.store.schema import request_flags, requests, resources, span_chunks, trace_keys, traces
+from railtrace.store.spans import span_reader
 
 INSERT_COLUMNS = "trace_id, chunk_id, received_ns, span_count, body"
 MAX_KNOWN_RESOURCES = 100_000
@@ -326,6 +327,7 @@ class Store:
         export call) is returned once, as first received."""
         ids = sorted(set(trace_ids))
         out: list[Span] = []
+        read = span_reader(normalize)
         resource_cache: dict[int, dict[str, Any]] = {}
         sc = span_chunks.c
         with self.engine.connect() as conn:
@@ -342,14 +344,14 @@ class Store:
                         select(resources.c.id, resources.c.attributes).where(resources.c.id.in_(missing))
                     ):
                         resource_cache[rid] = orjson.loads(blob)
-                seen: set[tuple[str, bytes]] = set()
+                seen: set[tuple[str, str]] = set()
                 spans: list[Span] = []
                 for tid, records in chunks:
                     for rid, encoding in records:
-                        pb = PbSpan.FromString(encoding)
-                        if (tid, pb.span_id) not in seen:  # a span re-sent in other bytes: once
-                            seen.add((tid, pb.span_id))
-                            spans.append(span_from_pb(tid, pb, resource_cache.get(rid, {}), normalize))
+                        span = read(tid, encoding, resource_cache.get(rid, {}))
+                        if (tid, span.span_id) not in seen:  # a span re-sent in other bytes: once
+                            seen.add((tid, span.span_id))
+                            spans.append(span)
                 spans.sort(key=lambda sp: (sp.start_ns, sp.span_id))
                 out += spans
         return out
