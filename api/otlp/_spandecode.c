@@ -259,6 +259,48 @@ base64_of(Reader s)
     return out;
 }
 
+/* Attribute keys repeat across spans (a process sends the same names again and again): short
+ * ASCII keys are kept, already hashed, in a small direct-mapped cache, which spares decoding
+ * them and hashing them for the drop set and the dict. */
+#define KEY_CACHE_SLOTS 512
+#define KEY_CACHE_MAX_LEN 64
+static PyObject *key_cache[KEY_CACHE_SLOTS];
+
+/* A new reference to the key's str, or NULL with no exception set when the key is not one
+ * the cache holds (empty, long or not ASCII: decode it instead). */
+static PyObject *
+cached_key(Reader s)
+{
+    size_t n = (size_t)(s.end - s.p);
+    if (n == 0 || n > KEY_CACHE_MAX_LEN) {
+        return NULL;
+    }
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (size_t i = 0; i < n; i++) {
+        if (s.p[i] & 0x80) {
+            return NULL;
+        }
+        h = (h ^ s.p[i]) * 16777619u;
+    }
+    PyObject **slot = &key_cache[h % KEY_CACHE_SLOTS];
+    PyObject *key = *slot;
+    if (key != NULL && (size_t)PyUnicode_GET_LENGTH(key) == n &&
+        memcmp(PyUnicode_1BYTE_DATA(key), s.p, n) == 0) {
+        return Py_NewRef(key);
+    }
+    key = PyUnicode_New((Py_ssize_t)n, 127);
+    if (key == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    memcpy(PyUnicode_1BYTE_DATA(key), s.p, n);
+    if (PyObject_Hash(key) == -1) {
+        PyErr_Clear();
+    }
+    Py_XSETREF(*slot, Py_NewRef(key));
+    return key;
+}
+
 static int any_value(Reader r, int depth, int nest, PyObject **out);
 
 /* A KeyValue: its last key (checked, and built when key != NULL; "" when absent) and its
@@ -281,7 +323,13 @@ key_value(Reader r, int nest, PyObject **key, Reader *value, int *has_value)
                 return UNSUPPORTED;
             }
             TRY(read_len(&r, &s));
-            TRY(set_str(s, -1, key));
+            PyObject *cached = key != NULL ? cached_key(s) : NULL;
+            if (cached != NULL) {
+                Py_XSETREF(*key, cached);
+            }
+            else {
+                TRY(set_str(s, -1, key));
+            }
         }
         else if (field == 2) {
             if (wire != LEN || *has_value) {

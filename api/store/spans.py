@@ -73,21 +73,22 @@ def _read_c(trace_id: str, encoding: bytes, resource: dict[str, Any], normalize:
         return read_upb(trace_id, encoding, resource, normalize)
     sid, parent, name, kind, start, end, code, message, attrs, events = fields
     res = resource.get("resource", {})
+    # Positional: a third of the cost of keywords, per span read. Order of `Span`'s fields.
     span = Span(
-        trace_id=trace_id,
-        span_id=sid,
-        parent_span_id=parent,
-        name=name,
-        kind=kind,
-        start_ns=start,
-        end_ns=end,
-        status_code=code,
-        status_message=message,
-        service_name=service_name_of(res),
-        scope_name=resource.get("scope", ""),
-        attributes=attrs,
-        resource=res,
-        events=events,
+        trace_id,
+        sid,
+        parent,
+        name,
+        kind,
+        start,
+        end,
+        code,
+        message,
+        service_name_of(res),
+        resource.get("scope", ""),
+        attrs,
+        res,
+        events,
     )
     return normalize_span(span) if normalize else span
 
