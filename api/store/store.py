@@ -15,6 +15,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 from sqlalchemy import Connection, Engine, and_, bindparam, case, delete, func, or_, select, text, update
 
 from railtrace.model import RequestSummary, Span
+from railtrace.normalize import normalize_span
 from railtrace.store.engine import is_sqlite
 from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
 from railtrace.store.rollup import DIMENSIONS, REQUEST_COLUMNS, RollupDelta, hour_of
@@ -327,7 +328,7 @@ class Store:
         export call) is returned once, as first received."""
         ids = sorted(set(trace_ids))
         out: list[Span] = []
-        read = span_reader(normalize)
+        read = span_reader(normalize=False)  # normalised below, once per span kept
         resource_cache: dict[int, dict[str, Any]] = {}
         sc = span_chunks.c
         with self.engine.connect() as conn:
@@ -351,7 +352,7 @@ class Store:
                         span = read(tid, encoding, resource_cache.get(rid, {}))
                         if (tid, span.span_id) not in seen:  # a span re-sent in other bytes: once
                             seen.add((tid, span.span_id))
-                            spans.append(span)
+                            spans.append(normalize_span(span) if normalize else span)
                 spans.sort(key=lambda sp: (sp.start_ns, sp.span_id))
                 out += spans
         return out
