@@ -949,6 +949,10 @@ exec_module(PyObject *module)
 
 static PyModuleDef_Slot slots[] = {
     {Py_mod_exec, exec_module},
+#ifdef Py_mod_multiple_interpreters
+    /* The key cache and the event keys are process-wide objects. */
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
     {0, NULL},
 };
 
