@@ -9,6 +9,11 @@ process, not counted), then a child process run under `valgrind --tool=callgrind
 them all with the real assembler (`Assembler.run_once`, default pipeline, until nothing is
 left). (instructions(N2) - instructions(N1)) / (N2 - N1) cancels interpreter start-up and
 imports, leaving the cost of one more request.
+
+    .venv/bin/python benchmarks/assembly/instructions.py --per-span
+
+Instructions to read one stored span of the benchmark payload back into a `Span`, through upb
+and `span_from_pb` and through the C reader: its encodings read three times against once.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ sys.path.insert(0, str(HERE.parent / "ingest"))
 from payload import SPANS_PER_TRACE, export_calls  # noqa: E402
 
 FLEET = HERE.parents[1] / "tests" / "verdicts" / "fleet.yaml"
+READ_SPANS = 4096  # spans of the benchmark payload read by --per-span
 
 
 def store(url: str, requests: int) -> None:
@@ -61,27 +67,59 @@ def assemble(url: str) -> int:
     return sum(r["requests"] for r in s.stats("path_class", None, None))
 
 
-def instructions(url: str, out: Path, requests: int) -> int:
+def read_spans(path: str, passes: int) -> int:
+    """Read the benchmark's stored span encodings `passes` times, as `Store.load_spans` reads
+    them: through upb and `span_from_pb` ("upb") or through the C reader ("c")."""
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
+
+    from railtrace.ingest.writer import prepare
+    from railtrace.store.rows import chunk_records, span_from_pb
+
+    records = [
+        (chunk[0], encoding)
+        for call in export_calls(READ_SPANS)
+        for chunk in prepare(call).chunks
+        for _rid, encoding in chunk_records(chunk[4])
+    ]
+    resource = {"resource": {"service.name": "vllm-decode"}, "scope": "vllm"}
+    if path == "c":
+        from railtrace.store.spans import span_reader
+
+        read = span_reader(normalize=False, accelerated=True)
+    else:
+
+        def read(tid: str, encoding: bytes, resource: dict) -> object:
+            return span_from_pb(tid, PbSpan.FromString(encoding), resource, False)
+
+    for _ in range(passes):
+        for tid, encoding in records:
+            read(tid, encoding, resource)
+    return len(records)
+
+
+def instructions(child: list[str], out: Path) -> tuple[int, str]:
+    """Instructions of this script run with `child` arguments under callgrind, and its output."""
     done = subprocess.run(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            f"--callgrind-out-file={out}",
-            sys.executable,
-            __file__,
-            "--assemble",
-            url,
-        ],
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__, *child],
         check=True,
         capture_output=True,
         text=True,
     )
-    if int(done.stdout.split()[-1]) != requests:
-        raise RuntimeError(f"assembled {done.stdout.strip()} requests, not {requests}")
     totals = re.search(r"^(?:summary|totals): (\d+)", out.read_text(), re.M)
     if totals is None:
         raise RuntimeError(f"no instruction total in {out}")
-    return int(totals.group(1))
+    return int(totals.group(1)), done.stdout.strip()
+
+
+def per_span(folder: Path) -> None:
+    for path in ("upb", "c"):
+        counts = []
+        for passes in (1, 3):
+            out = folder / f"callgrind.read.{path}.{passes}"
+            count, spans = instructions(["--read", path, str(passes)], out)
+            counts.append(count)
+        per = (counts[1] - counts[0]) / (2 * int(spans))
+        print(f"reading a stored span, {path}: {per:,.0f} instructions")
 
 
 def main() -> int:
@@ -89,18 +127,28 @@ def main() -> int:
     ap.add_argument("--requests", type=int, nargs=2, default=[128, 640], metavar=("N1", "N2"))
     ap.add_argument("--assemble", metavar="URL", help=argparse.SUPPRESS)  # the counted child
     ap.add_argument("--keep", help="write the callgrind files into this folder")
+    ap.add_argument("--per-span", action="store_true", help="instead: instructions to read one stored span")
+    ap.add_argument("--read", nargs=2, metavar=("PATH", "PASSES"), help=argparse.SUPPRESS)  # counted child
     args = ap.parse_args()
     if args.assemble:
         print(assemble(args.assemble))
+        return 0
+    if args.read:
+        print(read_spans(args.read[0], int(args.read[1])))
         return 0
     counts = []
     with tempfile.TemporaryDirectory(prefix="railtrace-instr-") as tmp:
         folder = Path(args.keep or tmp)
         folder.mkdir(parents=True, exist_ok=True)
+        if args.per_span:
+            per_span(folder)
+            return 0
         for n in args.requests:
             url = f"sqlite:///{Path(tmp) / f'instr-{n}.db'}"
             store(url, n)
-            count = instructions(url, folder / f"callgrind.out.{n}", n)
+            count, assembled = instructions(["--assemble", url], folder / f"callgrind.out.{n}")
+            if int(assembled) != n:
+                raise RuntimeError(f"assembled {assembled} requests, not {n}")
             counts.append(count)
             print(f"{n} requests: {count:,} instructions", flush=True)
     (n1, n2), (c1, c2) = args.requests, counts
