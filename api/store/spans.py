@@ -9,8 +9,9 @@ record then takes the upb path, which also raises `DecodeError` for undecodable 
 before. Without a C compiler at install time the extension is missing and every record takes
 the upb path.
 
-`RAILTRACE_SPAN_DECODE=python` forces the upb path, to compare the two or to rule the C
-reader out.
+`RAILTRACE_PURE_PYTHON=1`, the switch of all the service's C accelerators
+(`railtrace.otlp.accelerators`), forces the upb path, to compare the two or to rule the C
+reader out; it is read whenever a reader is made, so it also applies to a running test.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 from railtrace.model import Span
 from railtrace.normalize import normalize_span
+from railtrace.otlp.accelerators import PURE_PYTHON_ENV
 from railtrace.otlp.decode import (
     DEFAULT_DROP,
     MAX_ARRAY_ITEMS,
@@ -41,7 +43,6 @@ try:
 except ImportError:  # built without a C compiler: the upb path only
     _spandecode = None
 
-ENV = "RAILTRACE_SPAN_DECODE"
 # The bounds the C reader applies; it is used only while they equal the Python ones.
 BOUNDS = {
     "MAX_ATTR_VALUE_CHARS": MAX_ATTR_VALUE_CHARS,
@@ -95,10 +96,11 @@ def _read_c(trace_id: str, encoding: bytes, resource: dict[str, Any], normalize:
 
 def span_reader(normalize: bool = True, accelerated: bool | None = None) -> SpanReader:
     """`read(trace_id, encoding, resource) -> Span`, as `span_from_pb` on the parsed encoding
-    gives it. `accelerated`: None for the C reader when available (unless `RAILTRACE_SPAN_DECODE`
-    is `python`), False for the upb path, True for the C reader (error if not built)."""
+    gives it. `accelerated`: None for the C reader when available (unless `RAILTRACE_PURE_PYTHON`
+    is set), False for the upb path, True for the C reader (error if not built)."""
     if accelerated is None:
-        accelerated = c_reader_available() and os.environ.get(ENV, "").lower() != "python"
+        pure = os.environ.get(PURE_PYTHON_ENV, "").strip().lower() in ("1", "true", "yes")
+        accelerated = c_reader_available() and not pure
     elif accelerated and not c_reader_available():
         raise RuntimeError("the C span reader railtrace.otlp._spandecode is not built")
     read = _read_c if accelerated else read_upb

@@ -37,6 +37,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from railtrace.ingest import prepare
 from railtrace.model import Span
+from railtrace.otlp.accelerators import PURE_PYTHON_ENV
 from railtrace.otlp.decode import DEFAULT_DROP
 from railtrace.simulator import GENERATIONS, Emitter, Processes, build_fleet, resolve, simulate
 from railtrace.store import Store, make_engine, migrate
@@ -151,7 +152,7 @@ def test_c_reader_is_built_and_bounds_spans_as_the_python_code() -> None:
 
 
 def test_environment_switch_forces_the_upb_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(stored_spans.ENV, "python")
+    monkeypatch.setenv(PURE_PYTHON_ENV, "1")
     assert stored_spans.span_reader().func is stored_spans.read_upb  # type: ignore[attr-defined]
 
 
@@ -212,7 +213,7 @@ def test_store_load_spans_same_either_way(db_url: str, monkeypatch: pytest.Monke
     ids = sorted({tid for tid, _ in store.span_ids()})
     results = {}
     for path in ("c", "python"):
-        monkeypatch.setenv(stored_spans.ENV, path)
+        monkeypatch.setenv(PURE_PYTHON_ENV, "1" if path == "python" else "")
         results[path] = [canon(store.load_spans(ids, normalize)) for normalize in (False, True)]
     assert results["c"] == results["python"]
     assert len(results["c"][0][1]) == len(store.span_ids())
@@ -234,7 +235,7 @@ def test_store_load_spans_raises_on_an_undecodable_record_either_way(
     chunk[4] = b"".join(RECORD_HEADER.pack(rid, len(enc)) + enc for rid, enc in records)
     store.insert_batches([batch])
     for path in ("c", "python"):
-        monkeypatch.setenv(stored_spans.ENV, path)
+        monkeypatch.setenv(PURE_PYTHON_ENV, "1" if path == "python" else "")
         with pytest.raises(DecodeError):
             store.load_spans([chunk[0]], normalize=False)
     engine.dispose()
