@@ -15,9 +15,14 @@ from types import ModuleType
 PURE_PYTHON_ENV = "RAILTRACE_PURE_PYTHON"
 
 
+def pure_python() -> bool:
+    """Whether `RAILTRACE_PURE_PYTHON` asks for the Python paths."""
+    return os.environ.get(PURE_PYTHON_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
 def load(name: str) -> ModuleType | None:
     """`railtrace.otlp.<name>` if it is built and not switched off, else None."""
-    if os.environ.get(PURE_PYTHON_ENV, "").strip().lower() in ("1", "true", "yes"):
+    if pure_python():
         return None
     try:
         return importlib.import_module(f"railtrace.otlp.{name}")

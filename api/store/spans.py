@@ -17,7 +17,6 @@ reader out; it is read whenever a reader is made, so it also applies to a runnin
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -26,7 +25,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 from railtrace.model import Span
 from railtrace.normalize import normalize_span
-from railtrace.otlp.accelerators import PURE_PYTHON_ENV
+from railtrace.otlp.accelerators import pure_python
 from railtrace.otlp.decode import (
     DEFAULT_DROP,
     MAX_ARRAY_ITEMS,
@@ -99,8 +98,7 @@ def span_reader(normalize: bool = True, accelerated: bool | None = None) -> Span
     gives it. `accelerated`: None for the C reader when available (unless `RAILTRACE_PURE_PYTHON`
     is set), False for the upb path, True for the C reader (error if not built)."""
     if accelerated is None:
-        pure = os.environ.get(PURE_PYTHON_ENV, "").strip().lower() in ("1", "true", "yes")
-        accelerated = c_reader_available() and not pure
+        accelerated = c_reader_available() and not pure_python()
     elif accelerated and not c_reader_available():
         raise RuntimeError("the C span reader railtrace.otlp._spandecode is not built")
     read = _read_c if accelerated else read_upb
