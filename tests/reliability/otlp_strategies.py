@@ -54,16 +54,29 @@ def _leaf() -> st.SearchStrategy[AnyValue]:
     )
 
 
-def _array(items: list[AnyValue]) -> AnyValue:
+def array_value(items: list[AnyValue]) -> AnyValue:
     v = AnyValue()
     v.array_value.values.extend(items)
     return v
 
 
-def _kvlist(items: list[tuple[str, AnyValue]]) -> AnyValue:
+def kvlist_value(items: list[tuple[str, AnyValue]]) -> AnyValue:
     v = AnyValue()
     v.kvlist_value.values.extend(KeyValue(key=k, value=x) for k, x in items)
     return v
+
+
+def varint(n: int) -> bytes:
+    """An integer as a protobuf varint, negative ones as 64-bit two's complement (ten bytes),
+    as protobuf writes an int64: for hand-built wire bytes."""
+    n &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
 
 
 def _nested(depth: int) -> AnyValue:
@@ -81,13 +94,13 @@ any_values = st.one_of(
     st.recursive(
         _leaf(),
         lambda inner: st.one_of(
-            st.lists(inner, max_size=6).map(_array),
-            st.lists(st.tuples(keys, inner), max_size=6).map(_kvlist),
+            st.lists(inner, max_size=6).map(array_value),
+            st.lists(st.tuples(keys, inner), max_size=6).map(kvlist_value),
         ),
         max_leaves=6,
     ),
     st.integers(0, 38).map(_nested),  # deep; deeper than protobuf allows is a targeted test
-    st.integers(0, 3000).map(lambda n: _array([AnyValue(int_value=i) for i in range(n)])),
+    st.integers(0, 3000).map(lambda n: array_value([AnyValue(int_value=i) for i in range(n)])),
 )
 key_values = st.lists(st.tuples(keys, any_values), max_size=3).map(
     lambda kvs: [KeyValue(key=k, value=v) for k, v in kvs]

@@ -19,6 +19,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from otlp_strategies import varint
 from reliability_helpers import EXPORT_PATH, JSON, PROTOBUF, peak_rss_bytes, post
 
 from railtrace.server.runner import Service
@@ -87,13 +88,7 @@ def _nested_bytes(depth: int) -> bytes:
 
 
 def _len(b: bytes) -> bytes:
-    n, out = len(b), bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
+    return varint(len(b))
 
 
 def test_nesting_past_the_limit_is_refused_whole(svc: Service, client: httpx.Client) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,6 @@ import orjson
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from sqlalchemy import create_engine, func, select, text
 
 from railtrace.server.runner import Service
@@ -32,6 +31,7 @@ from railtrace.simulator import Emitter, Processes, build_fleet, resolve, simula
 from railtrace.store import Store, make_engine, migrate
 from railtrace.store.schema import requests as requests_table
 from railtrace.store.schema import traces as traces_table
+from tests.fixtures.otlp_fixtures import SinkExporter
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ring import TraceIdRing
@@ -45,19 +45,6 @@ CHUNK = 200  # spans per collector batch
 QUIET_S = 4.0
 
 
-class _Capture(SpanExporter):
-    def __init__(self, sink: list[ReadableSpan], lock: threading.Lock) -> None:
-        self.sink, self.lock = sink, lock
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        with self.lock:
-            self.sink.extend(spans)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        pass
-
-
 def simulated_traffic(topo_dir: Path, generation: str, seed: int) -> list[ReadableSpan]:
     """Spans of the simulator's default scenario mix, in the order the processes exported them."""
     scenarios = resolve(None)
@@ -66,7 +53,7 @@ def simulated_traffic(topo_dir: Path, generation: str, seed: int) -> list[Readab
     runs = simulate(fleet, scenarios, REQUESTS, seed)
     sink: list[ReadableSpan] = []
     lock = threading.Lock()
-    procs = Processes(lambda: _Capture(sink, lock), seed)
+    procs = Processes(lambda: SinkExporter(sink, lock), seed)
     base_ns = time.time_ns() - int((max(r.end for r in runs) + 1.0) * 1e9)
     emitter = Emitter(fleet, procs, generation, base_ns)
     for r in runs:

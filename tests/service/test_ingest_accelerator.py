@@ -26,7 +26,7 @@ from railtrace.otlp.encode import key_value
 from railtrace.server.security import content_filter
 from railtrace.store.rows import RowBatch, rows_from_bytes, rows_from_request
 from tests.fixtures.otlp_fixtures import protobuf_body, scenario_names
-from tests.reliability.otlp_strategies import export_requests, mangled
+from tests.reliability.otlp_strategies import export_requests, mangled, varint
 
 wirescan = accelerators.wirescan
 needs_accelerator = pytest.mark.skipif(wirescan is None, reason="the C accelerator is not built")
@@ -133,20 +133,10 @@ def _span_call(extra: bytes = b"", request_id: str = "req-0001") -> bytes:
     raw = bytearray(req.SerializeToString())
     if extra:  # append fields to the one span, and fix up the three lengths that enclose it
         span = s.SerializeToString() + extra
-        scope = b"\x12" + _varint(len(span)) + span
-        resource = b"\x12" + _varint(len(scope)) + scope
-        raw = bytearray(b"\x0a" + _varint(len(resource)) + resource)
+        scope = b"\x12" + varint(len(span)) + span
+        resource = b"\x12" + varint(len(scope)) + scope
+        raw = bytearray(b"\x0a" + varint(len(resource)) + resource)
     return bytes(raw)
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 @needs_accelerator
@@ -226,7 +216,7 @@ def test_bad_arguments_raise_not_crash() -> None:
     ids=["invalid byte", "overlong", "surrogate", "above U+10FFFF", "cut short"],
 )
 def test_a_string_the_protobuf_library_rejects_is_not_taken_unparsed(bad: bytes) -> None:
-    name = b"\x2a" + _varint(len(bad)) + bad  # a second span name, not UTF-8
+    name = b"\x2a" + varint(len(bad)) + bad  # a second span name, not UTF-8
     raw = _span_call(extra=name)
     assert rows_from_bytes(raw) is None
     with pytest.raises(PayloadError):
@@ -239,7 +229,7 @@ def test_nesting_deeper_than_the_check_follows_is_left_to_the_protobuf_library()
     for _ in range(40):  # 80 messages deep: past the accelerator's check, within the library's
         value = AnyValue(array_value=ArrayValue(values=[value]))
     kv = KeyValue(key="deep", value=value).SerializeToString()
-    raw = _span_call(extra=b"\x4a" + _varint(len(kv)) + kv)
+    raw = _span_call(extra=b"\x4a" + varint(len(kv)) + kv)
     assert rows_from_bytes(raw) is None
     fast, plain = _both(raw)
     assert fast == plain and fast[3] == 1
@@ -251,15 +241,15 @@ def test_a_resource_after_its_scopes_and_a_repeated_resource() -> None:
     req = ExportTraceServiceRequest.FromString(_span_call())
     rs = req.resource_spans[0]
     rs.resource.attributes.append(key_value("service.name", "decode"))
-    resource = b"\x0a" + _varint(rs.resource.ByteSize()) + rs.resource.SerializeToString()
-    scopes = b"".join(b"\x12" + _varint(ss.ByteSize()) + ss.SerializeToString() for ss in rs.scope_spans)
+    resource = b"\x0a" + varint(rs.resource.ByteSize()) + rs.resource.SerializeToString()
+    scopes = b"".join(b"\x12" + varint(ss.ByteSize()) + ss.SerializeToString() for ss in rs.scope_spans)
     for body in (scopes + resource, resource + scopes + resource):
-        raw = b"\x0a" + _varint(len(body)) + body
+        raw = b"\x0a" + varint(len(body)) + body
         fast, plain = _both(raw)
         assert fast == plain and b"decode" in next(iter(fast[2].values()))
-    assert rows_from_bytes(b"\x0a" + _varint(len(scopes + resource)) + scopes + resource) is not None
+    assert rows_from_bytes(b"\x0a" + varint(len(scopes + resource)) + scopes + resource) is not None
     doubled = resource + scopes + resource
-    assert rows_from_bytes(b"\x0a" + _varint(len(doubled)) + doubled) is None
+    assert rows_from_bytes(b"\x0a" + varint(len(doubled)) + doubled) is None
 
 
 @needs_accelerator

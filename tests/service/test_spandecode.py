@@ -33,7 +33,6 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from railtrace.ingest import prepare
 from railtrace.model import Span
@@ -43,7 +42,8 @@ from railtrace.simulator import GENERATIONS, Emitter, Processes, build_fleet, re
 from railtrace.store import Store, make_engine, migrate
 from railtrace.store import spans as stored_spans
 from railtrace.store.rows import RECORD_HEADER, chunk_records
-from tests.fixtures.otlp_fixtures import scenario_names, split_protobuf_bodies
+from tests.fixtures.otlp_fixtures import SinkExporter, scenario_names, split_protobuf_bodies
+from tests.reliability.otlp_strategies import array_value, kvlist_value, varint
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks" / "ingest"))
@@ -100,26 +100,13 @@ def stored_encodings(calls: Sequence[bytes]) -> list[bytes]:
     return out
 
 
-class _Capture(SpanExporter):
-    def __init__(self, sink: list[ReadableSpan], lock: threading.Lock) -> None:
-        self.sink, self.lock = sink, lock
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        with self.lock:
-            self.sink.extend(spans)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        pass
-
-
 def simulator_calls(generation: str, requests: int = 12, seed: int = 5) -> list[bytes]:
     """The simulator's default scenario mix through the real shims, as OTLP export calls."""
     scenarios = resolve(None)
     fleet = build_fleet("a3-ultra", scenarios, seed)
     runs = simulate(fleet, scenarios, requests, seed)
     sink: list[ReadableSpan] = []
-    procs = Processes(lambda: _Capture(sink, threading.Lock()), seed)
+    procs = Processes(lambda: SinkExporter(sink, threading.Lock()), seed)
     emitter = Emitter(fleet, procs, generation, 1_790_000_000 * 10**9)
     for r in runs:
         emitter.emit(r)
@@ -301,26 +288,14 @@ leaves = st.one_of(
 )
 
 
-def _array(items: list[AnyValue]) -> AnyValue:
-    v = AnyValue()
-    v.array_value.values.extend(items)
-    return v
-
-
-def _kvlist(items: list[tuple[str, AnyValue]]) -> AnyValue:
-    v = AnyValue()
-    v.kvlist_value.values.extend(KeyValue(key=k, value=x) for k, x in items)
-    return v
-
-
 # A third each: plain values, small nested ones, and values at or beyond a bound.
 any_values = st.one_of(
     leaves,
     st.recursive(
         leaves,
         lambda children: st.one_of(
-            st.lists(children, max_size=4).map(_array),
-            st.lists(st.tuples(keys, children), max_size=4).map(_kvlist),
+            st.lists(children, max_size=4).map(array_value),
+            st.lists(st.tuples(keys, children), max_size=4).map(kvlist_value),
         ),
         max_leaves=12,
     ),
@@ -506,21 +481,8 @@ def test_same_as_upb_at_every_bound(span: PbSpan) -> None:
 # -- encodings protobuf merges, and unusual framing ------------------------------------------
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    n &= 2**64 - 1
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
 def _ld(field: int, payload: bytes) -> bytes:
-    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
+    return varint(field << 3 | 2) + varint(len(payload)) + payload
 
 
 def _any_piece() -> st.SearchStrategy[bytes]:
@@ -529,8 +491,8 @@ def _any_piece() -> st.SearchStrategy[bytes]:
     return st.one_of(
         any_values.map(lambda v: v.SerializeToString()),
         st.just(b""),
-        st.integers(0, 2**64 - 1).map(lambda n: b"\x18" + _varint(n)),  # int_value, any width
-        st.integers(0, 2**64 - 1).map(lambda n: b"\x10" + _varint(n)),  # bool_value, not 0/1
+        st.integers(0, 2**64 - 1).map(lambda n: b"\x18" + varint(n)),  # int_value, any width
+        st.integers(0, 2**64 - 1).map(lambda n: b"\x10" + varint(n)),  # bool_value, not 0/1
         st.sampled_from([b"\x98\x06\x01", b"\xa5\x06abcd", b"\xa1\x06abcdefgh"]),  # unknown fields
     )
 
@@ -556,7 +518,7 @@ def merged_spans(draw: st.DrawFn) -> bytes:
                     st.sampled_from(
                         [
                             b"\x30\x03",
-                            b"\x30" + _varint(-1),
+                            b"\x30" + varint(-1),
                             _ld(5, b"again"),
                             _ld(2, b"12345678"),
                             _ld(4, b""),
@@ -686,7 +648,7 @@ def _marked_span() -> tuple[bytes, list[bytes]]:
     s.attributes.add(key=DROP_KEYS[0], value=AnyValue(string_value=m()))  # dropped, still checked
     array = s.attributes.add(key="arr").value.array_value
     array.values.extend(AnyValue(string_value=m() if i in (0, 1030) else "x") for i in range(1031))
-    s.attributes.add(key="kvl", value=_kvlist([(m(), AnyValue(string_value=m()))]))
+    s.attributes.add(key="kvl", value=kvlist_value([(m(), AnyValue(string_value=m()))]))
     s.attributes.add(key="deep", value=_nested(12, AnyValue(string_value=m())))  # beyond MAX_DEPTH
     s.attributes.extend(KeyValue(key=f"f{i}") for i in range(260))
     s.attributes.add(key=m(), value=AnyValue(string_value=m()))  # beyond MAX_ATTRIBUTES
