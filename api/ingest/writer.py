@@ -39,7 +39,7 @@ def prepare(
     media: str = "application/x-protobuf",
     content_free: bool = False,
 ) -> RowBatch:
-    """Parse an export call and build its rows (runs in the receiver's thread).
+    """Turn an export call into rows (on the receiver's event loop or in a worker thread).
 
     `content_free`: the caller's content filter has already ruled out content attributes.
     Raises `PayloadError` for a payload that cannot be parsed at all.

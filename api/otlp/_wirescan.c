@@ -1,14 +1,16 @@
 /* Ingest's per-span work on serialized OTLP, in C.
  *
- * Why: after the protobuf library has parsed (and so validated) an export call, the receiver
- * still has to visit every span to group the spans by trace, check their ids and times, find
- * their request ids and frame them as chunk records. In Python that visit costs several times
- * the parse itself. Here it reads the same bytes without building a Python object per span.
+ * Why: the receiver has to visit every span of an export call to group the spans by trace,
+ * check their ids and times, find their request ids and frame them as chunk records. Parsing
+ * the call into protobuf objects and visiting them in Python cost several times the database
+ * insert. Here the bytes are read once, checked as the protobuf library would check them, and
+ * no Python object is made per span.
  *
  * Everything here is a fast path with an exact fallback: whenever the bytes are not in the
- * plain shape this code expects (a singular field repeated, an unexpected wire type, counts
- * that disagree with the parsed message), `chunk_spans` returns None and the caller takes the
- * Python path, which reads the parsed message instead.
+ * plain shape this code expects (a singular field repeated, an unexpected wire type, bad
+ * UTF-8, deep nesting, counts that disagree with the bytes), `scopes` or `chunk_spans` returns
+ * None and the caller takes the Python path: the protobuf library parses the call (and rejects
+ * a malformed one) and the rows are built from the parsed message.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -631,7 +633,6 @@ typedef struct {
     chunk *chunks;
     Py_ssize_t nchunks;
     PyObject *candidates, *slow, *rejected;
-    int check; /* the call was not parsed by the protobuf library: check every span here */
 } state;
 
 static void
@@ -661,7 +662,7 @@ take_span(state *st, const uint8_t *p, const uint8_t *end, uint64_t rid, Py_ssiz
     span_view s = {0};
     s.start = p;
     s.stop = end;
-    if (st->check && check_message(p, end, &SPAN, 4) < 0)
+    if (check_message(p, end, &SPAN, 4) < 0)
         return 1;
     if (read_span(p, end, &s) < 0)
         return 1;
@@ -778,7 +779,7 @@ walk_call(state *st, const uint8_t *raw, Py_ssize_t n, Py_ssize_t *valid, uint64
         }
         const uint8_t *q = rs.start;
         while (status == 0 && q < rs.stop) {
-            if (next_field(&q, rs.stop, &ss) < 0 || (st->check && !plain_outer_field(&ss))) {
+            if (next_field(&q, rs.stop, &ss) < 0 || !plain_outer_field(&ss)) {
                 status = 1;
                 break;
             }
@@ -791,7 +792,7 @@ walk_call(state *st, const uint8_t *raw, Py_ssize_t n, Py_ssize_t *valid, uint64
             Py_ssize_t spans = 0;
             const uint8_t *r = ss.start;
             while (status == 0 && r < ss.stop) {
-                if (next_field(&r, ss.stop, &sp) < 0 || (st->check && !plain_outer_field(&sp))) {
+                if (next_field(&r, ss.stop, &sp) < 0 || !plain_outer_field(&sp)) {
                     status = 1;
                     break;
                 }
@@ -819,13 +820,10 @@ chunk_spans(PyObject *Py_UNUSED(module), PyObject *args)
     Py_buffer raw;
     PyObject *scopes_arg, *needles_arg;
     unsigned long long lo, hi;
-    int check = 0;
-    if (!PyArg_ParseTuple(args, "y*OO!KK|p:chunk_spans", &raw, &scopes_arg, &PyTuple_Type, &needles_arg, &lo, &hi,
-                          &check))
+    if (!PyArg_ParseTuple(args, "y*OO!KK:chunk_spans", &raw, &scopes_arg, &PyTuple_Type, &needles_arg, &lo, &hi))
         return NULL;
     state st;
     memset(&st, 0, sizeof(st));
-    st.check = check;
     PyObject *result = NULL;
     Py_ssize_t total = 0, valid = 0;
     if (parse_scopes(scopes_arg, &st.scopes, &st.nscopes, &total) < 0)
@@ -962,9 +960,9 @@ static PyMethodDef methods[] = {
      "contains_any(buffer, needles: tuple[bytes, ...]) -> bool\n\n"
      "Whether the buffer holds any of the needles, in one pass."},
     {"chunk_spans", chunk_spans, METH_VARARGS,
-     "chunk_spans(raw, scopes, key_needles, min_time_ns, max_time_ns, check=False) -> tuple | None\n\n"
-     "The spans of a content-free export call grouped into chunk records. `check`: the call was\n"
-     "not parsed by the protobuf library, so check that it would parse every span (else None).\n"
+     "chunk_spans(raw, scopes, key_needles, min_time_ns, max_time_ns) -> tuple | None\n\n"
+     "The spans of a content-free export call grouped into chunk records, each span checked as\n"
+     "the protobuf library would parse it (else None).\n"
      "`scopes`: (resource id, span count) of each ScopeSpans, in order. Returns (chunks,\n"
      "keys, slow, rejected, valid): chunks as (trace id, body, span count, has root) in order\n"
      "of first appearance; keys as (trace id, request-id candidates strongest first) per span;\n"

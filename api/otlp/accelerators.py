@@ -22,14 +22,17 @@ def pure_python() -> bool:
     return os.environ.get(PURE_PYTHON_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
-def load(name: str) -> ModuleType | None:
-    """`railtrace.otlp.<name>` if it is built and not switched off, else None."""
-    if pure_python():
-        return None
+def built(name: str) -> ModuleType | None:
+    """`railtrace.otlp.<name>` if it is built, else None (whatever the switch says)."""
     try:
         return importlib.import_module(f"railtrace.otlp.{name}")
     except ImportError:
         return None
+
+
+def load(name: str) -> ModuleType | None:
+    """`railtrace.otlp.<name>` if it is built and not switched off, else None."""
+    return None if pure_python() else built(name)
 
 
 wirescan = load("_wirescan")

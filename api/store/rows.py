@@ -7,9 +7,10 @@ attributes), cut out of the call's bytes. Attributes are decoded, bounded and no
 (`railtrace.normalize.normalize_span`) when spans are read, by the assembler and the API:
 turning every attribute into Python values costs far more than the database insert. The
 per-span work (grouping by trace, checks, request-id candidates) is done by the C accelerator
-when it is built (`rows_from_bytes`, `_rows_accelerated`), else by `_rows_python`; both give
-the same rows. Resource attribute sets repeat across every span of a process; they are decoded
-once per export call and stored once, keyed by a hash.
+straight from the call's bytes when it is built (`rows_from_bytes`), else from the parsed call
+in Python (`rows_from_request`); both give the same rows. Resource attribute sets repeat
+across every span of a process; they are decoded once per export call and stored once, keyed
+by a hash.
 """
 
 from __future__ import annotations
@@ -335,43 +336,24 @@ def _scopes(request: ExportTraceServiceRequest, batch: RowBatch) -> list[tuple[i
 
 
 def rows_from_request(
-    request: ExportTraceServiceRequest,
-    raw: bytes | None = None,
-    content_free: bool = False,
-    accelerated: bool = True,
+    request: ExportTraceServiceRequest, raw: bytes | None = None, content_free: bool = False
 ) -> RowBatch:
-    """Rows for every valid span of an export request; invalid spans are counted with a reason.
+    """Rows for every valid span of a parsed export request; invalid spans are counted with a
+    reason. The Python path: `rows_from_bytes` gives the same rows without parsing the call
+    when the C accelerator is built and the call is in the plain shape.
 
     A trace's spans from one call become one chunk row: a span's own encoding is a record of
     the chunk's body, next to its resource id. `raw` is the request's own encoding when the
     caller has it: span encodings are cut out of it (when it holds no content attributes) and
     it is scanned once for content attributes, unless the caller has ruled them out
-    (`content_free`). With `raw` and no content, the C accelerator does the per-span work
-    when it is built (`accelerated`); otherwise, and when the bytes are not in the plain shape
-    it reads, the same rows are built in Python.
+    (`content_free`).
     """
     batch = RowBatch()
     check_content = not content_free and may_hold_content(
         raw if raw is not None else request.SerializeToString()
     )
-    scopes = _scopes(request, batch)
-    native = raw is not None and not check_content and accelerated and wirescan is not None
-    if native and _rows_accelerated(raw, scopes, batch):  # type: ignore[arg-type]
-        return batch
-    _rows_python(raw, scopes, check_content, batch)
+    _rows_python(raw, _scopes(request, batch), check_content, batch)
     return batch
-
-
-def _rows_accelerated(raw: bytes, scopes: list[tuple[int, Any]], batch: RowBatch) -> bool:
-    """The per-span work done by `railtrace.otlp._wirescan`; False (batch untouched but for
-    its resources) when the bytes are not in the plain shape it reads."""
-    out = wirescan.chunk_spans(  # type: ignore[union-attr]
-        raw, [(rid, len(ss.spans)) for rid, ss in scopes], _KEY_FINDERS, MIN_TIME_NS, MAX_TIME_NS
-    )
-    if out is None:
-        return False
-    _take_accelerated(out, batch)
-    return True
 
 
 def rows_from_bytes(raw: bytes, content_free: bool = False) -> RowBatch | None:
@@ -406,16 +388,10 @@ def rows_from_bytes(raw: bytes, content_free: bool = False) -> RowBatch | None:
             scopes.append((rid, span_count))
     except DecodeError:
         return None
-    out = wirescan.chunk_spans(raw, scopes, _KEY_FINDERS, MIN_TIME_NS, MAX_TIME_NS, True)
+    out = wirescan.chunk_spans(raw, scopes, _KEY_FINDERS, MIN_TIME_NS, MAX_TIME_NS)
     if out is None:
         return None
     batch.dropped_content_attributes += result.dropped_content_attributes
-    _take_accelerated(out, batch)
-    return batch
-
-
-def _take_accelerated(out: tuple[Any, ...], batch: RowBatch) -> None:
-    """Fill the batch from what `_wirescan.chunk_spans` returned."""
     chunks, candidates, slow, rejected, valid = out
     for encoding in rejected:
         batch.rejected += 1
@@ -440,6 +416,7 @@ def _take_accelerated(out: tuple[Any, ...], batch: RowBatch) -> None:
     batch.chunks = [[tid.hex(), chunk_id(body), 0, n, body, root] for tid, body, n, root in chunks]
     batch.keys = {(key, tid.hex()) for key, tid in keys}
     batch.span_count = valid
+    return batch
 
 
 _UNSEEN = object()
@@ -448,8 +425,8 @@ _UNSEEN = object()
 def _rows_python(
     raw: bytes | None, scopes: list[tuple[int, Any]], check_content: bool, batch: RowBatch
 ) -> None:
-    """The per-span work in Python. This loop was the ingest hot path before the accelerator:
-    each span field is read once, and validity is one expression for the usual case."""
+    """The per-span work in Python (the fallback of the C accelerator): each span field is read
+    once, and validity is one expression for the usual case."""
     slices = span_slices(raw) if raw is not None and not check_content else None
     seen: set[bytes] = set()
     key_cache: dict[bytes, str | None] = {}

@@ -16,16 +16,13 @@ reader out; it is read whenever a reader is made, so it also applies to a runnin
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 from railtrace.model import Span
-from railtrace.normalize import normalize_span
-from railtrace.otlp.accelerators import pure_python
+from railtrace.otlp.accelerators import built, pure_python
 from railtrace.otlp.decode import (
     DEFAULT_DROP,
     MAX_ARRAY_ITEMS,
@@ -36,11 +33,8 @@ from railtrace.otlp.decode import (
 )
 from railtrace.store.rows import MAX_NAME, service_name_of, span_from_pb
 
-_spandecode: ModuleType | None
-try:
-    from railtrace.otlp import _spandecode
-except ImportError:  # built without a C compiler: the upb path only
-    _spandecode = None
+# None when installed without a C compiler: the upb path only. The switch is read per reader.
+_spandecode = built("_spandecode")
 
 # The bounds the C reader applies; it is used only while they equal the Python ones.
 BOUNDS = {
@@ -62,19 +56,19 @@ def c_reader_available() -> bool:
     return _spandecode is not None and _spandecode.BOUNDS == BOUNDS
 
 
-def read_upb(trace_id: str, encoding: bytes, resource: dict[str, Any], normalize: bool = True) -> Span:
+def read_upb(trace_id: str, encoding: bytes, resource: dict[str, Any]) -> Span:
     """A stored span through upb and `span_from_pb`: the reference the C reader must equal."""
-    return span_from_pb(trace_id, PbSpan.FromString(encoding), resource, normalize)
+    return span_from_pb(trace_id, PbSpan.FromString(encoding), resource, normalize=False)
 
 
-def _read_c(trace_id: str, encoding: bytes, resource: dict[str, Any], normalize: bool = True) -> Span:
+def _read_c(trace_id: str, encoding: bytes, resource: dict[str, Any]) -> Span:
     fields = _spandecode.decode(encoding, DEFAULT_DROP)  # type: ignore[union-attr]
     if fields is None:  # something the C reader does not mirror: upb decides
-        return read_upb(trace_id, encoding, resource, normalize)
+        return read_upb(trace_id, encoding, resource)
     sid, parent, name, kind, start, end, code, message, attrs, events = fields
     res = resource.get("resource", {})
     # Positional: a third of the cost of keywords, per span read. Order of `Span`'s fields.
-    span = Span(
+    return Span(
         trace_id,
         sid,
         parent,
@@ -90,16 +84,15 @@ def _read_c(trace_id: str, encoding: bytes, resource: dict[str, Any], normalize:
         res,
         events,
     )
-    return normalize_span(span) if normalize else span
 
 
-def span_reader(normalize: bool = True, accelerated: bool | None = None) -> SpanReader:
-    """`read(trace_id, encoding, resource) -> Span`, as `span_from_pb` on the parsed encoding
-    gives it. `accelerated`: None for the C reader when available (unless `RAILTRACE_PURE_PYTHON`
-    is set), False for the upb path, True for the C reader (error if not built)."""
+def span_reader(accelerated: bool | None = None) -> SpanReader:
+    """`read(trace_id, encoding, resource) -> Span`, not normalised, as `span_from_pb` on the
+    parsed encoding gives it (the caller normalises the spans it keeps). `accelerated`: None
+    for the C reader when available (unless `RAILTRACE_PURE_PYTHON` is set), False for the upb
+    path, True for the C reader (error if not built)."""
     if accelerated is None:
         accelerated = c_reader_available() and not pure_python()
     elif accelerated and not c_reader_available():
         raise RuntimeError("the C span reader railtrace.otlp._spandecode is not built")
-    read = _read_c if accelerated else read_upb
-    return functools.partial(read, normalize=normalize)
+    return _read_c if accelerated else read_upb

@@ -328,7 +328,7 @@ class Store:
         export call) is returned once, as first received."""
         ids = sorted(set(trace_ids))
         out: list[Span] = []
-        read = span_reader(normalize=False)  # normalised below, once per span kept
+        read = span_reader()
         resource_cache: dict[int, dict[str, Any]] = {}
         sc = span_chunks.c
         with self.engine.connect() as conn:

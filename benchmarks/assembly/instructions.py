@@ -85,7 +85,7 @@ def read_spans(path: str, passes: int) -> int:
     if path == "c":
         from railtrace.store.spans import span_reader
 
-        read = span_reader(normalize=False, accelerated=True)
+        read = span_reader(accelerated=True)
     else:
 
         def read(tid: str, encoding: bytes, resource: dict) -> object:

@@ -92,7 +92,7 @@ def ceilings(calls: list[bytes], db: str, with_cpu: bool = True) -> dict[str, fl
         if accelerators.wirescan is not None:
             record(
                 "ceiling: the same, accelerator off (protobuf parse + Python rows)",
-                lambda: [rows_from_request(parse_protobuf(c), c, accelerated=False) for c in calls],
+                lambda: [rows_from_request(parse_protobuf(c), c) for c in calls],
             )
     batches = [prepare(c) for c in calls]
     database = Database(db)
