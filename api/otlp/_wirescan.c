@@ -915,10 +915,14 @@ scopes(PyObject *Py_UNUSED(module), PyObject *args)
                 resource_end = f.stop;
             }
         }
+        /* A resource without scopes is parsed by nobody here: leave the call to the library,
+         * which checks every message. */
+        int scopes_here = 0;
         for (const uint8_t *q = rs.start; plain && q < rs.stop;) {
             next_field(&q, rs.stop, &f); /* framing checked above */
             if (f.number != 2)
                 continue;
+            scopes_here++;
             const uint8_t *scope = f.start, *scope_end = f.start;
             int scope_fields = 0;
             Py_ssize_t spans = 0;
@@ -943,6 +947,8 @@ scopes(PyObject *Py_UNUSED(module), PyObject *args)
             }
             Py_DECREF(item);
         }
+        if (resources && !scopes_here)
+            plain = 0;
     }
     result = plain ? Py_NewRef(out) : Py_NewRef(Py_None);
 done:
@@ -955,7 +961,8 @@ static PyMethodDef methods[] = {
     {"scopes", scopes, METH_VARARGS,
      "scopes(raw) -> list[tuple[bytes, bytes, int]] | None\n\n"
      "(Resource encoding, InstrumentationScope encoding, span count) of each ScopeSpans of an\n"
-     "export call, in order; None when the outer framing is not the plain one."},
+     "export call, in order; None when the outer framing is not the plain one, or a resource has\n"
+     "no scopes (nothing would parse and so check it)."},
     {"contains_any", contains_any, METH_VARARGS,
      "contains_any(buffer, needles: tuple[bytes, ...]) -> bool\n\n"
      "Whether the buffer holds any of the needles, in one pass."},

@@ -277,3 +277,15 @@ def test_byte_flips_are_taken_unparsed_only_when_the_protobuf_library_parses_the
         return
     if unparsed is not None:
         assert _rows(unparsed) == _rows(rows_from_request(request, bytes(raw)))
+
+
+@needs_accelerator
+def test_a_resource_without_scopes_is_left_to_the_protobuf_library() -> None:
+    """Nothing else would parse (and so check) such a resource: a corrupt one must get a 400."""
+    corrupt = b"\x30\xc2\x80"  # Resource field 6 as a varint cut short
+    raw = b"\x0a\x05\x0a\x03" + corrupt
+    assert rows_from_bytes(raw) is None
+    with pytest.raises(PayloadError):
+        prepare(raw)
+    fine = b"\x0a\x02\x0a\x00"  # an empty resource, no scopes
+    assert rows_from_bytes(fine) is None and prepare(fine).span_count == 0
