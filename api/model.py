@@ -65,6 +65,20 @@ class Endpoint:
     service: str | None = None
     span_id: str | None = None
 
+    def copy(self) -> Endpoint:
+        """A shallow copy; positional, several times cheaper than `dataclasses.replace`."""
+        return Endpoint(
+            self.pod,
+            self.node,
+            self.gpu,
+            self.nic,
+            self.rail,
+            self.address,
+            self.host,
+            self.service,
+            self.span_id,
+        )
+
 
 @dataclass(slots=True)
 class Candidate:

@@ -27,8 +27,20 @@ REQUEST_ROLES = frozenset(
 )
 LOOPBACK_PREFIXES = ("localhost", "127.", "[::1]", "::1", "0.0.0.0")
 MAX_ANCESTRY = 64
+# Plain strings of the enum members read per span: an enum member's `.value` costs ~20x a
+# module constant, and assembly reads these tens of times per request.
 PREFILL = Role.PREFILL.value
 DECODE = Role.DECODE.value
+PROXY = Role.PROXY.value
+GATEWAY = Role.GATEWAY.value
+KV_TRANSFER = Role.KV_TRANSFER.value
+ROUTER_ONLY_ROLES = frozenset({GATEWAY, Role.SCHEDULING.value, Role.KV_CACHE.value, Role.OTHER.value})
+TOP_ROLES = (GATEWAY, PROXY)
+REQUEST_ROLE_VALUES = frozenset(r.value for r in REQUEST_ROLES)
+TRANSPORTS = frozenset(t.value for t in Transport)
+UNKNOWN_TRANSPORT = Transport.UNKNOWN.value
+TCP = Transport.TCP.value
+BROKEN_TRACE = FlagName.BROKEN_TRACE.value
 
 
 def _num(value: Any) -> float | None:
@@ -105,7 +117,7 @@ def _is_sidecar_leg(span: Span) -> bool:
 
 def _is_sidecar_server(span: Span) -> bool:
     return (
-        span.role == Role.PROXY.value
+        span.role == PROXY
         and span.canonical_name.startswith("llm_d.pd_proxy.")
         and span.canonical_name != "forward_request"
     )
@@ -155,7 +167,7 @@ class _Request:
         self.forwards = named.get(semconv.SPAN_PD_FORWARD, [])
         self.sc_prefill = [s for s in named.get(PREFILL, []) if s.role == PREFILL]
         self.sc_decode = [s for s in named.get(DECODE, []) if s.role == DECODE]
-        self.kv_spans = [s for s in self.spans if s.role == Role.KV_TRANSFER.value]
+        self.kv_spans = [s for s in self.spans if s.role == KV_TRANSFER]
         self.engine: dict[str, Span] = {}
         self.engine_basis: dict[str, str] = {}
         self._assign_engines(named.get(semconv.SPAN_VLLM_REQUEST, []))
@@ -378,10 +390,10 @@ def _kv_facts(req: _Request) -> KVFacts | None:
     for span in spans:
         value = _str(span.attributes.get(semconv.KV_TRANSPORT))
         value = value.lower() if value else None
-        if value in {t.value for t in Transport} and value not in transports:
+        if value in TRANSPORTS and value not in transports:
             transports.append(value)
-    known = [t for t in transports if t != Transport.UNKNOWN.value]
-    transport = Transport.TCP.value if Transport.TCP.value in known else (known[0] if known else "unknown")
+    known = [t for t in transports if t != UNKNOWN_TRANSPORT]
+    transport = TCP if TCP in known else (known[0] if known else UNKNOWN_TRANSPORT)
 
     devices: list[str] = []
     for span in spans:
@@ -608,10 +620,7 @@ def _missing_hops(req: _Request) -> list[tuple[str, str | None]]:
     if PREFILL in engines and DECODE not in engines and not req.sc_decode:
         span = engines[PREFILL]
         missing.append((f"prefill leg {_ref(span)} has no decode leg in any trace", span.span_id))
-    router_only = all(
-        s.role in (Role.GATEWAY.value, Role.SCHEDULING.value, Role.KV_CACHE.value, Role.OTHER.value)
-        for s in req.spans
-    )
+    router_only = all(s.role in ROUTER_ONLY_ROLES for s in req.spans)
     if router_only:
         anchor = _first(req.gateways) or req.spans[0]
         missing.append(
@@ -652,7 +661,7 @@ def _model(req: _Request) -> str | None:
 
 def build(spans: Sequence[Span]) -> RequestFacts | None:
     """Facts of one request, or None when the group is not a request (e.g. `index_evict`)."""
-    if not any(s.role in REQUEST_ROLES for s in spans):
+    if not any(s.role in REQUEST_ROLE_VALUES for s in spans):
         return None
     req = _Request(spans)
     top = req.top()
@@ -672,10 +681,10 @@ def build(spans: Sequence[Span]) -> RequestFacts | None:
         evidence.append(note)
         flag_span = flag_span or span_id
     if evidence:
-        flags.append(Flag(name=FlagName.BROKEN_TRACE.value, evidence="; ".join(evidence), span_id=flag_span))
+        flags.append(Flag(name=BROKEN_TRACE, evidence="; ".join(evidence), span_id=flag_span))
     for leg, basis in sorted(req.engine_basis.items()):
         timing.sources[f"{leg}_leg"] = basis
-    rooted = top.role in (Role.GATEWAY.value, Role.PROXY.value) and req.trees.parent(top) is None
+    rooted = top.role in TOP_ROLES and req.trees.parent(top) is None
     return RequestFacts(
         trace_id=primary,
         trace_ids=[primary, *sorted({s.trace_id for s in req.spans} - {primary})],

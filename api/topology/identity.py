@@ -117,7 +117,7 @@ def resolve_endpoint(
         if len(cache) < MAX_RESOLVED:
             cache[key] = hit
     pod, node, gpu, nic, rail, known = hit
-    return replace(ep, pod=pod, node=node, gpu=gpu, nic=nic, rail=rail), list(known)
+    return Endpoint(pod, node, gpu, nic, rail, ep.address, ep.host, ep.service, ep.span_id), list(known)
 
 
 def _resolve_endpoint(topology: Topology, ep: Endpoint, local_gpu: str | None) -> tuple[Endpoint, list[str]]:

@@ -7,7 +7,8 @@ gives `unknown` / no flag — never a guess.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from railtrace.model import (
     Candidate,
@@ -32,6 +33,10 @@ _NVLINK_TL = ("cuda_ipc", "rocm_ipc")
 _SHM_TL = ("cma", "knem", "xpmem", "sysv", "posix", "self", "mm", "shm")
 _STAGING_TL = ("cuda_copy", "gdr_copy", "rocm_copy", "rocm_gdr")
 _LEVEL_RANK = {lvl: i for i, lvl in enumerate(sc.TOPOLOGY_LEVEL_ORDER)}
+# The enums' plain string values, read for every request: an enum member's `.value` costs ~20x
+# an attribute of a namespace.
+_TRANSPORT = SimpleNamespace(**{m.name: m.value for m in Transport})
+_PATH = SimpleNamespace(**{m.name: m.value for m in PathClass})
 
 
 @dataclass
@@ -72,24 +77,25 @@ class _Ctx:
         return f"span {sid} {sc.SPAN_KV_TRANSFER} {attr}"
 
     def flag(self, name: FlagName, evidence: str, span_id: str | None) -> None:
-        if not any(f.name == name.value for f in self.flags):
-            self.flags.append(Flag(name.value, evidence, span_id))
+        value = name.value
+        if not any(f.name == value for f in self.flags):
+            self.flags.append(Flag(value, evidence, span_id))
 
 
 def lane_transport(lane: str) -> str:
     """`rc_mlx5/mlx5_3:1` → rdma; `tcp/eth1` → tcp; `cuda_ipc/cuda` → nvlink; `cma/memory` → shm."""
     tl = lane.split("/", 1)[0].strip().lower()
     if tl.startswith(_RDMA_TL):
-        return Transport.RDMA.value
+        return _TRANSPORT.RDMA
     if tl in _NVLINK_TL:
-        return Transport.NVLINK.value
+        return _TRANSPORT.NVLINK
     if tl in _SHM_TL:
-        return Transport.SHM.value
+        return _TRANSPORT.SHM
     if tl == "tcp":
-        return Transport.TCP.value
+        return _TRANSPORT.TCP
     if tl in _STAGING_TL:
         return ""
-    return Transport.UNKNOWN.value
+    return _TRANSPORT.UNKNOWN
 
 
 def parse_lanes(devices: list[str], split: list[float]) -> list[Lane]:
@@ -139,7 +145,7 @@ def _local_side(ctx: _Ctx) -> None:
 
 def _resolve_legs(ctx: _Ctx) -> None:
     kv, f = ctx.kv, ctx.facts
-    prefill, decode = replace(f.prefill), replace(f.decode)
+    prefill, decode = f.prefill.copy(), f.decode.copy()
     if kv is not None and ctx.local_role:
         loc = decode if ctx.local_role == "decode" else prefill
         loc.pod, loc.node, loc.host = loc.pod or kv.pod, loc.node or kv.node, loc.host or kv.host
@@ -160,20 +166,20 @@ def _resolve_legs(ctx: _Ctx) -> None:
 def _transport(ctx: _Ctx) -> str:
     kv = ctx.kv
     if kv is None:
-        return Transport.UNKNOWN.value
-    if kv.transport and kv.transport != Transport.UNKNOWN.value:
+        return _TRANSPORT.UNKNOWN
+    if kv.transport and kv.transport != _TRANSPORT.UNKNOWN:
         return kv.transport
     data = [ln for ln in ctx.lanes if ln.transport]
     kinds = {ln.transport for ln in data}
-    if len(kinds) == 1 and Transport.UNKNOWN.value not in kinds:
+    if len(kinds) == 1 and _TRANSPORT.UNKNOWN not in kinds:
         return kinds.pop()
-    return Transport.UNKNOWN.value
+    return _TRANSPORT.UNKNOWN
 
 
 def _used_nics(ctx: _Ctx) -> None:
     node = ctx.local.node
     for ln in ctx.lanes:
-        if ln.transport == Transport.RDMA.value:
+        if ln.transport == _TRANSPORT.RDMA:
             ln.nic = ctx.topology.find_nic(node, ln.device)
 
 
@@ -189,7 +195,7 @@ def _path_and_nic_flags(ctx: _Ctx, transport: str) -> str:
     """Path class, cross_rail and gpu_nic_mismatch. Devices UCX used beat the allocation."""
     kv, topo = ctx.kv, ctx.topology
     sid = kv.span_id if kv else None
-    rdma_lanes = [ln for ln in ctx.lanes if ln.transport == Transport.RDMA.value]
+    rdma_lanes = [ln for ln in ctx.lanes if ln.transport == _TRANSPORT.RDMA]
     loc, rem = ctx.local, ctx.remote
 
     # gpu_nic_mismatch, local side from devices.
@@ -227,14 +233,14 @@ def _path_and_nic_flags(ctx: _Ctx, transport: str) -> str:
                         span,
                     )
 
-    if transport == Transport.NVLINK.value:
-        return PathClass.NVLINK.value
-    if transport == Transport.SHM.value:
-        return PathClass.SHM.value
-    if transport == Transport.TCP.value:
-        return PathClass.TCP.value
-    if transport != Transport.RDMA.value:
-        return PathClass.UNKNOWN.value
+    if transport == _TRANSPORT.NVLINK:
+        return _PATH.NVLINK
+    if transport == _TRANSPORT.SHM:
+        return _PATH.SHM
+    if transport == _TRANSPORT.TCP:
+        return _PATH.TCP
+    if transport != _TRANSPORT.RDMA:
+        return _PATH.UNKNOWN
 
     # Rails.
     expected_rails, _ = _gpu_rail(ctx, loc)
@@ -270,25 +276,25 @@ def _path_and_nic_flags(ctx: _Ctx, transport: str) -> str:
             )
     if cross_evidence:
         ctx.flag(FlagName.CROSS_RAIL, "; ".join(cross_evidence), sid)
-        return PathClass.RDMA_CROSS_RAIL.value
+        return _PATH.RDMA_CROSS_RAIL
     if used_rails and remote_rail and used_rails == {remote_rail}:
         ctx.notes.append(f"rail {remote_rail} on both ends ({source})")
-        return PathClass.RDMA_SAME_RAIL.value
+        return _PATH.RDMA_SAME_RAIL
     ctx.notes.append("RDMA, but the rails of both ends are not known")
-    return PathClass.UNKNOWN.value
+    return _PATH.UNKNOWN
 
 
 def _tcp_fallback(ctx: _Ctx, transport: str) -> None:
     """TCP where both ends have RDMA; a TCP lane in a split counts too (`28% on tcp/eth0`)."""
-    tcp_lanes = [ln for ln in ctx.lanes if ln.transport == Transport.TCP.value]
-    if ctx.kv is None or (transport != Transport.TCP.value and not tcp_lanes):
+    tcp_lanes = [ln for ln in ctx.lanes if ln.transport == _TRANSPORT.TCP]
+    if ctx.kv is None or (transport != _TRANSPORT.TCP and not tcp_lanes):
         return
     nodes = [(ctx.topology.node(ep.node), ep) for ep in (ctx.prefill, ctx.decode)]
-    if transport == Transport.TCP.value:
+    if transport == _TRANSPORT.TCP:
         lanes = ", ".join(ln.raw for ln in ctx.lanes) or "no devices"
     else:
         lanes = ", ".join(f"{ln.raw} carried {ln.share:.0%} of bytes" for ln in tcp_lanes)
-    src = sc.KV_TRANSPORT if ctx.kv.transport == Transport.TCP.value else sc.KV_DEVICES
+    src = sc.KV_TRANSPORT if ctx.kv.transport == _TRANSPORT.TCP else sc.KV_DEVICES
     if any(n is None for n, _ in nodes):
         ctx.notes.append("TCP, but a node is not in the topology: RDMA availability unknown")
         return
@@ -399,7 +405,7 @@ def _slow(ctx: _Ctx, path_class: str, transport: str) -> None:
         return
     expected = cfg.expected_bandwidth.get(path_class)
     basis = path_class
-    if expected is None and path_class == PathClass.UNKNOWN.value and transport == Transport.RDMA.value:
+    if expected is None and path_class == _PATH.UNKNOWN and transport == _TRANSPORT.RDMA:
         vals = [
             cfg.expected_bandwidth.get(p.value) for p in (PathClass.RDMA_SAME_RAIL, PathClass.RDMA_CROSS_RAIL)
         ]
@@ -432,7 +438,7 @@ def judge(facts: RequestFacts, topology: Topology, config: VerdictConfig | None 
     _resolve_legs(ctx)
     _used_nics(ctx)
     transport = _transport(ctx)
-    path_class = PathClass.UNKNOWN.value
+    path_class = _PATH.UNKNOWN
     if kv is not None:
         if kv.error_type:
             ctx.flag(FlagName.KV_TRANSFER_FAILED, f"{ctx.kv_ref(sc.ERROR_TYPE)}={kv.error_type}", kv.span_id)
