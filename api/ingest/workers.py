@@ -135,7 +135,7 @@ def _child_main(settings_data: dict[str, Any], out: Any, stop: Any, index: int) 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the serve process decides when to stop
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s assembly-{index} %(levelname)s %(message)s")
     settings = Settings.model_validate(settings_data)
-    engine = make_engine(settings.db)
+    engine = make_engine(settings.db, derived_only=True)  # assembly writes only derived state
     holder, live = open_topology(list(settings.topology))
     metrics = RecordedMetrics()
     assembler = Assembler(

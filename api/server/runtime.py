@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sqlalchemy import Engine
+
 from railtrace.ingest import BulkWriter
 from railtrace.ingest.assembler import Assembler, Pipeline, default_pipeline
 from railtrace.ingest.workers import AssemblyWorkers
@@ -46,6 +48,7 @@ class Runtime:
         self._live_topology: Any = None
         self._pipeline = pipeline
         self.assembler: Assembler | None = None
+        self._assembly_engine: Engine | None = None
         self.assembly_workers: AssemblyWorkers | None = None
         self.assembly_error: str | None = None
         self._contract_cache: Any = None
@@ -109,8 +112,14 @@ class Runtime:
                 self.assembly_error = f"assembly unavailable: {exc}"
                 log.warning(self.assembly_error)
         if pipeline is not None:
+            # Its own engine: assembly's commits need not wait for the disk (see `make_engine`).
+            self._assembly_engine = make_engine(self.settings.db, derived_only=True)
             self.assembler = Assembler(
-                self.store, self.settings, self.metrics, pipeline, busy=lambda: self.writer.pending > 0
+                Store(self._assembly_engine),
+                self.settings,
+                self.metrics,
+                pipeline,
+                busy=lambda: self.writer.pending > 0,
             )
             self.assembler.start()
         self.started = True
@@ -125,6 +134,9 @@ class Runtime:
         if self.assembly_workers:
             self.assembly_workers.stop()
         self.writer.stop()
+        if self._assembly_engine is not None:
+            self._assembly_engine.dispose()
+            self._assembly_engine = None
         self.engine.dispose()
         self.started = False
 

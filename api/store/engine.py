@@ -23,16 +23,29 @@ SQLITE_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 # often (an index leaf) is then copied once per checkpoint instead of once per few commits.
 # Measured: 1.1-1.3x the insert rate, growing with history (benchmarks/ingest/README.md).
 SQLITE_WAL_AUTOCHECKPOINT = 16384
+# `synchronous` of an engine that writes only derived state (see `make_engine`).
+DERIVED_SQLITE_SYNCHRONOUS = "NORMAL"
 
 
-def make_engine(url: str, *, sqlite_synchronous: str = "FULL") -> Engine:
+def make_engine(url: str, *, sqlite_synchronous: str = "FULL", derived_only: bool = False) -> Engine:
     """An engine for `url`. SQLite gets WAL and a busy timeout; the parent folder is created.
 
     SQLite `synchronous=FULL` makes every acknowledged commit survive power loss, not just a
     process crash; group commit keeps the fsync count low, so the cost is small.
+
+    `derived_only`: the engine writes only what can be derived again from stored spans
+    (assembly: request summaries, dirty marks, leases), so its commits need not wait for the
+    disk -- SQLite `synchronous=NORMAL`, PostgreSQL `synchronous_commit=off`. Nothing
+    acknowledged depends on them: both databases write the log in order, and the ingest
+    writer's next durable commit flushes these with it; one lost to a power cut leaves its
+    traces dirty, to be assembled again. Why: each assembly commit held SQLite's one write lock
+    for an fsync (~3.5 ms on this kind of disk, several per assembly step), which the ingest
+    writer and the other assembly processes queued behind.
     """
     if sqlite_synchronous.upper() not in SQLITE_SYNCHRONOUS:
         raise ValueError(f"sqlite_synchronous must be one of {', '.join(SQLITE_SYNCHRONOUS)}")
+    if derived_only:
+        sqlite_synchronous = DERIVED_SQLITE_SYNCHRONOUS
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database in (None, "", ":memory:"):
@@ -54,7 +67,16 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL") -> Engine:
 
         return engine
     if parsed.get_backend_name() == "postgresql":
-        return create_engine(url, pool_size=8, max_overflow=8, pool_pre_ping=True)
+        engine = create_engine(url, pool_size=8, max_overflow=8, pool_pre_ping=True)
+        if derived_only:
+
+            @event.listens_for(engine, "connect")
+            def _no_commit_wait(dbapi_conn: Any, _record: Any) -> None:
+                with dbapi_conn.cursor() as cur:
+                    cur.execute("SET synchronous_commit TO off")
+                dbapi_conn.commit()
+
+        return engine
     raise ValueError(f"unsupported database URL {parsed.render_as_string(hide_password=True)!r}")
 
 

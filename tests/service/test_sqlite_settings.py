@@ -1,11 +1,14 @@
 """The SQLite settings every connection of the embedded store must have: they are what makes an
 acknowledged commit durable (WAL, synchronous FULL) and what keeps the writer from
-checkpointing every few commits."""
+checkpointing every few commits. Assembly's own engine, which writes only state derived from
+stored spans, commits without waiting for the disk, on both databases."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from railtrace.server.runtime import Runtime
+from railtrace.settings import Settings
 from railtrace.store import make_engine
 from railtrace.store.engine import SQLITE_WAL_AUTOCHECKPOINT
 
@@ -22,3 +25,40 @@ def test_every_connection_gets_the_settings(tmp_path: Path) -> None:
                 assert pragma("busy_timeout") == 10000
     finally:
         engine.dispose()
+
+
+def _commit_wait(engine: object) -> object:
+    with engine.connect() as conn:  # type: ignore[attr-defined]
+        if conn.dialect.name == "sqlite":
+            return conn.exec_driver_sql("PRAGMA synchronous").scalar_one()
+        return conn.exec_driver_sql("SHOW synchronous_commit").scalar_one()
+
+
+def test_only_the_derived_state_engine_skips_the_commit_wait(db_url: str) -> None:
+    sqlite = db_url.startswith("sqlite")
+    ingest, derived = make_engine(db_url), make_engine(db_url, derived_only=True)
+    try:
+        assert _commit_wait(ingest) == (2 if sqlite else "on")  # FULL: acknowledged means on disk
+        assert _commit_wait(derived) == (1 if sqlite else "off")  # NORMAL / off
+        with derived.connect() as a, derived.connect() as b:  # every pooled connection
+            for conn in (a, b):
+                if sqlite:
+                    assert conn.exec_driver_sql("PRAGMA synchronous").scalar_one() == 1
+                else:
+                    assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "off"
+    finally:
+        ingest.dispose()
+        derived.dispose()
+
+
+def test_the_assembler_thread_writes_through_the_derived_state_engine(db_url: str) -> None:
+    from railtrace.ingest.assembler import Pipeline
+
+    pipeline = Pipeline(request_keys=lambda s: [], assemble=lambda spans, now_ns=None: [], judge=lambda f: f)
+    runtime = Runtime(Settings(db=db_url), pipeline=pipeline).start()
+    try:
+        assert runtime.assembler is not None
+        assert _commit_wait(runtime.engine) == (2 if db_url.startswith("sqlite") else "on")
+        assert _commit_wait(runtime.assembler.store.engine) == (1 if db_url.startswith("sqlite") else "off")
+    finally:
+        runtime.stop()
