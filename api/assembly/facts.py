@@ -172,6 +172,7 @@ class _Request:
         self.engine_basis: dict[str, str] = {}
         self._assign_engines(named.get(semconv.SPAN_VLLM_REQUEST, []))
         self.sidecar_spans = [*self.servers, *self.forwards, *self.sc_prefill, *self.sc_decode]
+        self._attr_order = [*self.sc_decode, *self.sc_prefill, *self.forwards, *self.servers]
 
     # -- legs --------------------------------------------------------------------------
     def _assign_engines(self, engines: list[Span]) -> None:
@@ -201,7 +202,7 @@ class _Request:
                     break
 
     def sidecar_attr(self, key: str) -> tuple[Any, Span | None]:
-        for span in [*self.sc_decode, *self.sc_prefill, *self.forwards, *self.servers]:
+        for span in self._attr_order:
             if key in span.attributes:
                 return span.attributes[key], span
         return None, None
@@ -225,7 +226,8 @@ def _engine_attr(req: _Request, leg: str, key: str) -> tuple[float | None, str]:
     span = req.engine.get(leg)
     if span is None:
         return None, ""
-    return _num(span.attributes.get(key)), f"attr:{key}@{span.span_id}"
+    value = _num(span.attributes.get(key))
+    return (value, f"attr:{key}@{span.span_id}") if value is not None else (None, "")
 
 
 def _sidecar_ms(req: _Request, *keys: str) -> tuple[float | None, str]:

@@ -14,6 +14,12 @@ imports, leaving the cost of one more request.
 
 Instructions to read one stored span of the benchmark payload back into a `Span`, through upb
 and `span_from_pb` and through the C reader: its encodings read three times against once.
+
+    .venv/bin/python benchmarks/assembly/instructions.py --pipeline
+
+Instructions of the pipeline alone per request (request keys, `assemble`, `judge`; no store,
+no metrics): 256 stored requests are loaded three times over, then assembled once or three
+times; the difference is two passes of the pipeline.
 """
 
 from __future__ import annotations
@@ -97,6 +103,47 @@ def read_spans(path: str, passes: int) -> int:
     return len(records)
 
 
+PIPELINE_REQUESTS = 256  # requests assembled per pass by --pipeline
+
+
+def pipeline_passes(url: str, passes: int) -> int:
+    """Load the stored requests three times, run the pipeline over `passes` of the copies."""
+    from railtrace.ingest.assembler import default_pipeline
+    from railtrace.settings import Settings
+    from railtrace.store import Store, make_engine
+    from railtrace.topology import TopologyHolder
+
+    engine = make_engine(url)
+    s = Store(engine)
+    ids = [t.trace_id for t in s.dirty_traces(2**62, 2**62, limit=10**6)]
+    pipe = default_pipeline(Settings(db=url), TopologyHolder([str(FLEET)]).get)
+    copies = []
+    for _ in range(3):
+        by_trace: dict[str, list] = {}
+        for span in s.load_spans(ids, normalize=False):
+            by_trace.setdefault(span.trace_id, []).append(span)
+        copies.append(by_trace)
+    judged = 0
+    for by_trace in copies[:passes]:
+        for members in by_trace.values():
+            for span in members:
+                pipe.request_keys(span)
+            judged += len([pipe.judge(f) for f in pipe.assemble(members)])
+    return judged
+
+
+def pipeline(folder: Path) -> None:
+    url = f"sqlite:///{folder / 'pipeline.db'}"
+    store(url, PIPELINE_REQUESTS)
+    counts = []
+    for passes in (1, 3):
+        count, judged = instructions(["--passes", url, str(passes)], folder / f"callgrind.pipeline.{passes}")
+        if int(judged) != passes * PIPELINE_REQUESTS:
+            raise RuntimeError(f"judged {judged} requests, not {passes * PIPELINE_REQUESTS}")
+        counts.append(count)
+    print(f"pipeline per request: {(counts[1] - counts[0]) / (2 * PIPELINE_REQUESTS):,.0f} instructions")
+
+
 def instructions(child: list[str], out: Path) -> tuple[int, str]:
     """Instructions of this script run with `child` arguments under callgrind, and its output."""
     done = subprocess.run(
@@ -129,7 +176,12 @@ def main() -> int:
     ap.add_argument("--keep", help="write the callgrind files into this folder")
     ap.add_argument("--per-span", action="store_true", help="instead: instructions to read one stored span")
     ap.add_argument("--read", nargs=2, metavar=("PATH", "PASSES"), help=argparse.SUPPRESS)  # counted child
+    ap.add_argument("--pipeline", action="store_true", help="instead: the pipeline alone, per request")
+    ap.add_argument("--passes", nargs=2, metavar=("URL", "PASSES"), help=argparse.SUPPRESS)  # counted child
     args = ap.parse_args()
+    if args.passes:
+        print(pipeline_passes(args.passes[0], int(args.passes[1])))
+        return 0
     if args.assemble:
         print(assemble(args.assemble))
         return 0
@@ -142,6 +194,9 @@ def main() -> int:
         folder.mkdir(parents=True, exist_ok=True)
         if args.per_span:
             per_span(folder)
+            return 0
+        if args.pipeline:
+            pipeline(folder)
             return 0
         for n in args.requests:
             url = f"sqlite:///{Path(tmp) / f'instr-{n}.db'}"
