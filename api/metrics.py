@@ -22,7 +22,7 @@ import threading
 import time
 from bisect import bisect_left
 from operator import add
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import prometheus_client.metrics as prometheus_metrics
 from prometheus_client import CollectorRegistry
@@ -35,6 +35,9 @@ from prometheus_client.samples import Exemplar
 from prometheus_client.utils import INF, floatToGoString
 
 from railtrace_tracing import semconv
+
+if TYPE_CHECKING:
+    from railtrace.model import RequestSummary
 
 # prometheus_client's default buckets, for a histogram the registry gives none.
 DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -303,6 +306,10 @@ class _Series:
 _TYPES: dict[str, type[_Family]] = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
 
 
+# What `request_assembled` takes as a number (isinstance with a tuple is quicker than `int | float`).
+_NUMBER = (int, float)
+
+
 def _label(value: Any) -> str:
     return "" if value is None else str(value)[:128]
 
@@ -375,54 +382,66 @@ class Metrics:
 
     # -- assembly ------------------------------------------------------------------------------
 
-    def request_assembled(self, new: dict[str, Any], old: dict[str, Any] | None) -> None:
+    def request_assembled(self, new: dict[str, Any] | RequestSummary, old: dict[str, Any] | None) -> None:
         """Update verdict metrics for a (re)assembled request, counting only what changed.
 
         A re-assembly after late spans must not count the request twice: counters and
         histograms see the request once, and later only the flags, KV transfer and TTFT that
-        were not there before.
+        were not there before. `new` is the summary as a dict (`RequestSummary.to_dict`) or the
+        `RequestSummary` itself, which saves building the dicts only to count them.
         """
-        trace_id = str(new.get("trace_id", ""))
+        kv_class = transport = duration = size = None
+        if isinstance(new, dict):
+            trace_id = str(new.get("trace_id", ""))
+            model, pairing_level = new.get("model"), new.get("pairing_level")
+            kv = new.get("kv_transfer") or None
+            if kv:
+                kv_class, transport = kv.get("path_class"), kv.get("transport")
+                duration, size = kv.get("duration_s"), kv.get("bytes")
+            pre, dec = new.get("prefill") or {}, new.get("decode") or {}
+            new_flags = new.get("flags")
+            flag_names = {f["name"] for f in new_flags} if new_flags else None
+            ttft, breakdown = new.get("ttft_s"), new.get("breakdown_s")
+        else:
+            trace_id, model, pairing_level = str(new.trace_id), new.model, new.pairing_level
+            kv = new.kv_transfer
+            if kv:
+                kv_class, transport, duration, size = kv.path_class, kv.transport, kv.duration_s, kv.bytes
+            pre, dec = new.prefill or {}, new.decode or {}
+            flag_names = {f.name for f in new.flags} if new.flags else None
+            ttft, breakdown = new.ttft_s, new.breakdown_s
         if len(trace_id) > 128 - len(semconv.EXEMPLAR_TRACE_ID_LABEL):
             raise ValueError("Exemplar labels have more than 128 UTF-8 characters")
         ex = {semconv.EXEMPLAR_TRACE_ID_LABEL: trace_id}
-        kv = new.get("kv_transfer") or None
-        old_kv = (old or {}).get("kv_transfer") or None
-        path_class = _label((kv or {}).get("path_class") or "unknown")
+        path_class = _label(kv_class or "unknown") if kv else "unknown"
         by_class = (path_class,)
-        new_flags = new.get("flags")
-        if new_flags:
-            old_flags = {f["name"] for f in (old or {}).get("flags") or []}
-            flags = sorted({f["name"] for f in new_flags} - old_flags)
+        if flag_names:
+            if old is not None and old.get("flags"):
+                flag_names -= {f["name"] for f in old["flags"]}
+            flags = sorted(flag_names)
         else:
             flags = []
-        ttft = new.get("ttft_s")
-        if not (isinstance(ttft, int | float) and (old is None or old.get("ttft_s") is None)):
+        if not (isinstance(ttft, _NUMBER) and (old is None or old.get("ttft_s") is None)):
             ttft = None
-        old_stages = (old or {}).get("breakdown_s") or {}
+        old_stages = (old.get("breakdown_s") or {}) if old is not None else {}
         with self._lock:
             now = time.time()
             one = (ex, 1, now)  # the exemplar of an increment by one
             if old is None:
-                _inc(self._requests.series, (path_class, _label(new.get("model"))), 1, one)
-                pre, dec = new.get("prefill") or {}, new.get("decode") or {}
+                _inc(self._requests.series, (path_class, _label(model)), 1, one)
                 if pre.get("node") or dec.get("node"):
                     key = (
                         _label(pre.get("node")),
                         _label(dec.get("node")),
-                        _label(new.get("pairing_level") or "unknown"),
+                        _label(pairing_level or "unknown"),
                     )
                     _inc(self._pairings.series, key, 1, one)
             for name in flags:
                 _inc(self._flags.series, (_label(name), path_class), 1, one)
-            if kv and not old_kv:
-                _inc(
-                    self._kv_transfers.series, (_label(kv.get("transport") or "unknown"), path_class), 1, one
-                )
-                duration, size = kv.get("duration_s"), kv.get("bytes")
-                if isinstance(duration, int | float) and duration >= 0:
+            if kv and not (old is not None and old.get("kv_transfer")):
+                _inc(self._kv_transfers.series, (_label(transport or "unknown"), path_class), 1, one)
+                if isinstance(duration, _NUMBER) and duration >= 0:
                     self._kv_duration.add(by_class, duration, (ex, duration, now))
-                    dec = new.get("decode") or {}
                     node = (_label(dec.get("node")), _label(dec.get("nic")), path_class)
                     _inc(self._kv_node_seconds.series, node, duration, None)
                     if isinstance(size, int) and size >= 0:
@@ -432,7 +451,17 @@ class Metrics:
                             self._kv_bandwidth.add(by_class, rate, (ex, rate, now))
             if ttft is not None:
                 self._ttft.add(by_class, ttft, (ex, ttft, now))
-            stage = self._stage
-            for name, seconds in (new.get("breakdown_s") or {}).items():
-                if name not in old_stages and isinstance(seconds, int | float) and seconds >= 0:
-                    stage.add((_label(name), path_class), seconds, (ex, seconds, now))
+            if breakdown:
+                # The stages, a third of the updates: `Histogram.add` inline (a NaN is not >= 0).
+                stage = self._stage
+                series, bounds = stage.series, stage.bounds
+                for name, seconds in breakdown.items():
+                    if name not in old_stages and isinstance(seconds, _NUMBER) and seconds >= 0:
+                        key = (_label(name), path_class)
+                        s = series.get(key)
+                        if s is None:
+                            s = series[key] = stage._new()
+                        s[2] += seconds
+                        i = bisect_left(bounds, seconds)
+                        s[0][i] += 1
+                        s[1][i] = (ex, seconds, now)

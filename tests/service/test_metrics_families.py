@@ -333,3 +333,42 @@ def test_counting_while_deltas_are_taken_loses_nothing() -> None:
         ]
 
     assert values(served) == values(direct)
+
+
+def _summary_object(summary: dict[str, Any]) -> Any:
+    """The `RequestSummary` whose `to_dict` gives this summary's fields."""
+    from railtrace.model import Flag, KVSummary, RequestSummary
+
+    kv = summary["kv_transfer"]
+    return RequestSummary(
+        trace_id=summary["trace_id"],
+        request_id=None,
+        model=summary["model"],
+        start="2026-12-01T00:00:00Z",
+        ttft_s=summary["ttft_s"],
+        e2e_s=None,
+        breakdown_s=summary["breakdown_s"],
+        prefill=summary["prefill"],
+        decode=summary["decode"],
+        kv_transfer=KVSummary(
+            transport=kv["transport"],
+            path_class=kv["path_class"],
+            bytes=kv["bytes"],
+            duration_s=kv["duration_s"],
+        )
+        if kv
+        else None,
+        flags=[Flag(f["name"], "") for f in summary["flags"]],
+        pairing_level=summary["pairing_level"],
+    )
+
+
+@pytest.mark.parametrize("accept", [None, OPENMETRICS])
+def test_a_summary_object_counts_as_its_dict(clock: list[float], accept: str | None) -> None:
+    """`request_assembled` given the `RequestSummary` counts what it counts given `to_dict()`."""
+    as_dicts, as_objects = Metrics(), Metrics()
+    for new, old in _requests(5, 300):
+        summary = _summary_object(new)
+        as_dicts.request_assembled(summary.to_dict(), old)
+        as_objects.request_assembled(summary, old)
+    assert as_objects.render(accept)[0] == as_dicts.render(accept)[0]
