@@ -5,9 +5,12 @@ assembly costs more per span than ingest; on a busy service the two slow each ot
 With `assembly_processes = N` the serve process starts N children instead of its assembler
 thread. Each child opens the same database and topology and runs the ordinary `Assembler`
 loop; the trace leases that let several replicas share one database (`Store.claim_ready`)
-keep the children apart as well. What the children would have counted in Prometheus comes
-back to the serve process over a queue and is applied to its registry, so `/metrics` stays
-the one place to scrape. A child that dies is started again; the leases it held run out.
+keep the children apart as well. What the children count comes back to the serve process
+over a queue, every `RELAY_INTERVAL_S`, as per-series deltas (counts, sums, the latest exemplar
+of each counter and bucket; `railtrace.metrics.Delta`) that it adds to its own families, so
+`/metrics` stays the one place to scrape and the serve process does one merge per series
+touched, not one update per observation. A child that dies is started again; the leases it
+held run out, and what it had counted but not yet sent is lost with it.
 """
 
 from __future__ import annotations
