@@ -3,30 +3,311 @@
 Each service instance owns its own `CollectorRegistry` (no module globals), so tests and the
 demo can run several services in one process. Request-level series carry an OpenMetrics
 exemplar with the trace id, so a Grafana panel links straight to the request.
+
+The families are railtrace's own small aggregation, not prometheus_client's `Counter` and
+`Histogram`: every assembled request updates a dozen series, and prometheus_client's label
+lookup, locks and exemplar objects per update were most of the cost of counting it. Here a
+series is a plain list (a value or per-bucket counts, a sum, the latest exemplar) behind one
+lock per `Metrics`, taken once per request; each family is a registry collector that exposes
+exactly the samples prometheus_client's own would (`_total`/`_created`, `_bucket`/`_count`/
+`_sum`/`_created`, the latest exemplar per counter and per bucket). Because a series is plain
+data, an assembly process can hand over what it counted as a delta (`take`, in
+`railtrace.ingest.workers`) and the serve process adds it in (`merge`) instead of replaying
+each observation.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+import time
+from bisect import bisect_left
+from operator import add
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import prometheus_client.metrics as prometheus_metrics
+from prometheus_client import CollectorRegistry
 from prometheus_client import generate_latest as text_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST as TEXT_CONTENT_TYPE
+from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+from prometheus_client.samples import Exemplar
+from prometheus_client.utils import INF, floatToGoString
 
 from railtrace_tracing import semconv
 
+if TYPE_CHECKING:
+    from railtrace.model import RequestSummary
 
-def _family(metric: semconv.Metric, registry: CollectorRegistry) -> Any:
-    if metric.type == "counter":
-        return Counter(metric.name, metric.description, metric.labels, registry=registry)
-    if metric.type == "gauge":
-        return Gauge(metric.name, metric.description, metric.labels, registry=registry)
-    if metric.type == "histogram":
-        kw: dict[str, Any] = {"buckets": metric.buckets} if metric.buckets else {}
-        return Histogram(metric.name, metric.description, metric.labels, registry=registry, **kw)
-    raise ValueError(f"unknown metric type {metric.type!r} for {metric.name}")
+# prometheus_client's default buckets, for a histogram the registry gives none.
+DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+
+# The latest exemplar of a counter or bucket: (labels, value, unix time), as prometheus_client
+# keeps it (`Exemplar`), built only when scraped.
+ExemplarState = tuple[dict[str, str], float, float]
+
+# What a process counted, family name -> label values -> series state:
+# counter [value, exemplar | None, created], histogram [bucket counts, bucket exemplars, sum,
+# created], gauge [value]. Plain lists, so it pickles small and merges by adding.
+Delta = dict[str, dict[tuple[str, ...], list[Any]]]
+
+
+def _created_series() -> bool:
+    """Whether `_created` samples are exposed: prometheus_client's own switch
+    (`PROMETHEUS_DISABLE_CREATED_SERIES`, `disable_created_metrics`)."""
+    return getattr(prometheus_metrics, "_use_created", True)
+
+
+def _exemplar(labels: dict[str, str] | None, value: float) -> ExemplarState | None:
+    """An exemplar as prometheus_client checks it (at most 128 characters of labels)."""
+    if not labels:
+        return None
+    if sum(len(k) + len(v) for k, v in labels.items()) > 128:
+        raise ValueError("Exemplar labels have more than 128 UTF-8 characters")
+    return (labels, value, time.time())
+
+
+def _exposed(state: ExemplarState | None) -> Exemplar | None:
+    return None if state is None else Exemplar(state[0], state[1], state[2])
+
+
+def _inc(series: dict[tuple[str, ...], list[Any]], key: tuple[str, ...], amount: float, ex: Any) -> None:
+    """Add to a counter series (created on first use); the caller holds the lock."""
+    s = series.get(key)
+    if s is None:
+        s = series[key] = [0.0, None, time.time()]
+    s[0] += amount
+    if ex is not None:
+        s[1] = ex
+
+
+class _Family:
+    """One metric family: its series by label values, and the registry collector of them."""
+
+    type = ""
+
+    def __init__(self, metric: semconv.Metric, lock: threading.Lock, zero_series: bool) -> None:
+        self.name = metric.name
+        self.labelnames = metric.labels
+        self.documentation = metric.description
+        self.series: dict[tuple[str, ...], list[Any]] = {}
+        self._lock = lock
+        self._zero_series = zero_series
+        self._handles: dict[tuple[Any, ...], _Series] = {}
+        if zero_series and not self.labelnames:  # as prometheus_client: exposed from the start
+            self.series[()] = self._new()
+
+    def _new(self) -> list[Any]:
+        raise NotImplementedError
+
+    def labels(self, *values: Any) -> _Series:
+        """The series of these label values (a cached handle; the series itself is looked up
+        at each update, so a handle never writes into a delta already taken)."""
+        handle = self._handles.get(values)
+        if handle is None:
+            if not self.labelnames:
+                raise ValueError(f"No label names were set when constructing {self.name}")
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"Incorrect label count for {self.name}")
+            key = tuple(str(v) for v in values)
+            if self._zero_series:  # prometheus_client exposes a series from its first lookup
+                with self._lock:
+                    if key not in self.series:
+                        self.series[key] = self._new()
+            handle = self._handles[values] = _Series(self, key)
+        return handle
+
+    def _key(self) -> tuple[str, ...]:
+        if self.labelnames:
+            raise ValueError(f"{self.name} metric is missing label values")
+        return ()
+
+    def _snapshot(self) -> list[tuple[tuple[str, ...], list[Any]]]:
+        with self._lock:
+            return [(k, list(s)) for k, s in self.series.items()]
+
+    def describe(self) -> list[Metric]:
+        return [self._metric()]
+
+    def _metric(self) -> Metric:
+        return Metric(self.name, self.documentation, self.type)
+
+    def collect(self) -> list[Metric]:
+        raise NotImplementedError
+
+    def merge(self, series: dict[tuple[str, ...], list[Any]], now: float) -> None:
+        raise NotImplementedError
+
+
+class Counter(_Family):
+    type = "counter"
+
+    def __init__(self, metric: semconv.Metric, lock: threading.Lock, zero_series: bool) -> None:
+        super().__init__(metric, lock, zero_series)
+        self._base = self.name[:-6] if self.name.endswith("_total") else self.name
+
+    def _new(self) -> list[Any]:
+        return [0.0, None, time.time()]
+
+    def _metric(self) -> Metric:
+        return Metric(self._base, self.documentation, self.type)
+
+    def inc(self, amount: float = 1, exemplar: dict[str, str] | None = None) -> None:
+        self._inc(self._key(), amount, exemplar)
+
+    def _inc(self, key: tuple[str, ...], amount: float, exemplar: dict[str, str] | None) -> None:
+        if amount < 0:
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
+        ex = _exemplar(exemplar, amount)
+        with self._lock:
+            _inc(self.series, key, amount, ex)
+
+    def collect(self) -> list[Metric]:
+        metric, created = self._metric(), _created_series()
+        total, born = self._base + "_total", self._base + "_created"
+        for key, (value, ex, since) in self._snapshot():
+            labels = dict(zip(self.labelnames, key, strict=True))
+            metric.add_sample(total, labels, value, None, _exposed(ex))
+            if created:
+                metric.add_sample(born, dict(labels), since)
+        return [metric]
+
+    def merge(self, series: dict[tuple[str, ...], list[Any]], now: float) -> None:
+        mine = self.series
+        for key, (value, ex, _) in series.items():
+            s = mine.get(key)
+            if s is None:
+                mine[key] = [value, ex, now]
+                continue
+            s[0] += value
+            if ex is not None and (s[1] is None or ex[2] >= s[1][2]):
+                s[1] = ex
+
+
+class Histogram(_Family):
+    type = "histogram"
+
+    def __init__(self, metric: semconv.Metric, lock: threading.Lock, zero_series: bool) -> None:
+        bounds = [float(b) for b in metric.buckets or DEFAULT_BUCKETS]
+        if bounds != sorted(bounds):
+            raise ValueError(f"buckets of {metric.name} not in sorted order")
+        if bounds[-1] != INF:
+            bounds.append(INF)
+        self.bounds = tuple(bounds)
+        self._le = tuple(floatToGoString(b) for b in bounds)
+        super().__init__(metric, lock, zero_series)
+
+    def _new(self) -> list[Any]:
+        n = len(self.bounds)
+        return [[0] * n, [None] * n, 0.0, time.time()]
+
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        self._observe(self._key(), amount, exemplar)
+
+    def _observe(self, key: tuple[str, ...], amount: float, exemplar: dict[str, str] | None) -> None:
+        ex = _exemplar(exemplar, amount)
+        with self._lock:
+            self.add(key, amount, ex)
+
+    def add(self, key: tuple[str, ...], amount: float, ex: ExemplarState | None) -> None:
+        """One observation; the caller holds the lock. Like prometheus_client, a NaN adds to
+        the sum and to no bucket."""
+        s = self.series.get(key)
+        if s is None:
+            s = self.series[key] = self._new()
+        s[2] += amount
+        if amount == amount:
+            i = bisect_left(self.bounds, amount)
+            s[0][i] += 1
+            if ex is not None:
+                s[1][i] = ex
+
+    def _snapshot(self) -> list[tuple[tuple[str, ...], list[Any]]]:
+        with self._lock:
+            return [(k, [list(s[0]), list(s[1]), s[2], s[3]]) for k, s in self.series.items()]
+
+    def collect(self) -> list[Metric]:
+        metric, created = self._metric(), _created_series()
+        name, with_sum = self.name, self.bounds[0] >= 0
+        for key, (counts, exemplars, total, since) in self._snapshot():
+            labels = dict(zip(self.labelnames, key, strict=True))
+            acc = 0.0
+            for le, count, ex in zip(self._le, counts, exemplars, strict=True):
+                acc += count
+                metric.add_sample(name + "_bucket", {**labels, "le": le}, acc, None, _exposed(ex))
+            metric.add_sample(name + "_count", dict(labels), acc)
+            if with_sum:
+                metric.add_sample(name + "_sum", dict(labels), total)
+            if created:
+                metric.add_sample(name + "_created", dict(labels), since)
+        return [metric]
+
+    def merge(self, series: dict[tuple[str, ...], list[Any]], now: float) -> None:
+        mine = self.series
+        for key, (counts, exemplars, total, _) in series.items():
+            s = mine.get(key)
+            if s is None:
+                mine[key] = [list(counts), list(exemplars), total, now]
+                continue
+            s[0] = list(map(add, s[0], counts))
+            s[2] += total
+            latest = s[1]
+            for i, ex in enumerate(exemplars):
+                if ex is not None and (latest[i] is None or ex[2] >= latest[i][2]):
+                    latest[i] = ex
+
+
+class Gauge(_Family):
+    type = "gauge"
+
+    def _new(self) -> list[Any]:
+        return [0.0]
+
+    def set(self, value: float) -> None:
+        self._set(self._key(), value)
+
+    def _set(self, key: tuple[str, ...], value: float) -> None:
+        with self._lock:
+            s = self.series.get(key)
+            if s is None:
+                self.series[key] = [float(value)]
+            else:
+                s[0] = float(value)
+
+    def collect(self) -> list[Metric]:
+        metric = self._metric()
+        for key, (value,) in self._snapshot():
+            metric.add_sample(self.name, dict(zip(self.labelnames, key, strict=True)), value)
+        return [metric]
+
+    def merge(self, series: dict[tuple[str, ...], list[Any]], now: float) -> None:
+        for key, (value,) in series.items():
+            self.series[key] = [value]
+
+
+class _Series:
+    """One label set of a family (what `family.labels(...)` returns)."""
+
+    __slots__ = ("_family", "_key")
+
+    def __init__(self, family: Any, key: tuple[str, ...]) -> None:
+        self._family, self._key = family, key
+
+    def inc(self, amount: float = 1, exemplar: dict[str, str] | None = None) -> None:
+        self._family._inc(self._key, amount, exemplar)
+
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        self._family._observe(self._key, amount, exemplar)
+
+    def set(self, value: float) -> None:
+        self._family._set(self._key, value)
+
+
+_TYPES: dict[str, type[_Family]] = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
+
+
+# What `request_assembled` takes as a number (isinstance with a tuple is quicker than `int | float`).
+_NUMBER = (int, float)
 
 
 def _label(value: Any) -> str:
@@ -34,11 +315,37 @@ def _label(value: Any) -> str:
 
 
 class Metrics:
-    """The service's metric families plus the update rules (count changes only)."""
+    """The service's metric families plus the update rules (count changes only).
 
-    def __init__(self) -> None:
+    `zero_series=False` leaves out the series prometheus_client shows at zero before their
+    first update (label-less families, looked-up label sets): for a process whose counts are
+    handed over as deltas, where a zero gauge would overwrite the receiver's value.
+    """
+
+    def __init__(self, *, zero_series: bool = True) -> None:
+        self._lock = threading.Lock()
         self.registry = CollectorRegistry(auto_describe=True)
-        self.families: dict[str, Any] = {m.name: _family(m, self.registry) for m in semconv.METRICS}
+        self.families: dict[str, Any] = {}
+        for m in semconv.METRICS:
+            if m.type not in _TYPES:
+                raise ValueError(f"unknown metric type {m.type!r} for {m.name}")
+            family = self.families[m.name] = _TYPES[m.type](m, self._lock, zero_series)
+            self.registry.register(family)
+        f = self.families
+        self._requests: Counter = f[semconv.M_REQUESTS]
+        self._pairings: Counter = f[semconv.M_PAIRINGS]
+        self._flags: Counter = f[semconv.M_FLAGS]
+        self._kv_transfers: Counter = f[semconv.M_KV_TRANSFERS]
+        self._kv_duration: Histogram = f[semconv.M_KV_DURATION]
+        self._kv_node_seconds: Counter = f[semconv.M_KV_NODE_SECONDS]
+        self._kv_node_bytes: Counter = f[semconv.M_KV_NODE_BYTES]
+        self._kv_bandwidth: Histogram = f[semconv.M_KV_BANDWIDTH]
+        self._ttft: Histogram = f[semconv.M_TTFT]
+        self._stage: Histogram = f[semconv.M_STAGE]
+        self._exports: Counter = f[semconv.M_EXPORTS]
+        self._spans_received: Counter = f[semconv.M_SPANS_RECEIVED]
+        self._spans_rejected: Counter = f[semconv.M_SPANS_REJECTED]
+        self._throttled: Counter = f[semconv.M_THROTTLED]
 
     def __getitem__(self, name: str) -> Any:
         return self.families[name]
@@ -49,62 +356,112 @@ class Metrics:
             return openmetrics_latest(self.registry), OPENMETRICS_CONTENT_TYPE
         return text_latest(self.registry), TEXT_CONTENT_TYPE
 
+    def merge(self, delta: Delta) -> None:
+        """Add what another process counted (`RecordedMetrics.take`): counts and sums add up,
+        the later exemplar of a series or bucket wins, a gauge takes the value sent. Series
+        new here are created now, as prometheus_client would on their first update."""
+        now = time.time()
+        with self._lock:
+            for name, series in delta.items():
+                self.families[name].merge(series, now)
+
     # -- ingest -------------------------------------------------------------------------------
 
     def export_done(self, protocol: str, outcome: str, committed: int = 0, rejected: int = 0) -> None:
-        self[semconv.M_EXPORTS].labels(protocol, outcome).inc()
-        if committed:
-            self[semconv.M_SPANS_RECEIVED].labels(protocol).inc(committed)
-        if rejected:
-            self[semconv.M_SPANS_REJECTED].labels("invalid_span").inc(rejected)
+        with self._lock:
+            _inc(self._exports.series, (protocol, outcome), 1, None)
+            if committed:
+                _inc(self._spans_received.series, (protocol,), committed, None)
+            if rejected:
+                _inc(self._spans_rejected.series, ("invalid_span",), rejected, None)
 
     def throttled(self, protocol: str) -> None:
-        self[semconv.M_THROTTLED].labels(protocol).inc()
-        self[semconv.M_EXPORTS].labels(protocol, "throttled").inc()
+        with self._lock:
+            _inc(self._throttled.series, (protocol,), 1, None)
+            _inc(self._exports.series, (protocol, "throttled"), 1, None)
 
     # -- assembly ------------------------------------------------------------------------------
 
-    def request_assembled(self, new: dict[str, Any], old: dict[str, Any] | None) -> None:
+    def request_assembled(self, new: dict[str, Any] | RequestSummary, old: dict[str, Any] | None) -> None:
         """Update verdict metrics for a (re)assembled request, counting only what changed.
 
         A re-assembly after late spans must not count the request twice: counters and
         histograms see the request once, and later only the flags, KV transfer and TTFT that
-        were not there before.
+        were not there before. `new` is the summary as a dict (`RequestSummary.to_dict`) or the
+        `RequestSummary` itself, which saves building the dicts only to count them.
         """
-        ex = {"trace_id": str(new.get("trace_id", ""))}
-        kv = new.get("kv_transfer") or None
-        old_kv = (old or {}).get("kv_transfer") or None
-        path_class = _label((kv or {}).get("path_class") or "unknown")
-        if old is None:
-            self[semconv.M_REQUESTS].labels(path_class, _label(new.get("model"))).inc(exemplar=ex)
+        kv_class = transport = duration = size = None
+        if isinstance(new, dict):
+            trace_id = str(new.get("trace_id", ""))
+            model, pairing_level = new.get("model"), new.get("pairing_level")
+            kv = new.get("kv_transfer") or None
+            if kv:
+                kv_class, transport = kv.get("path_class"), kv.get("transport")
+                duration, size = kv.get("duration_s"), kv.get("bytes")
             pre, dec = new.get("prefill") or {}, new.get("decode") or {}
-            if pre.get("node") or dec.get("node"):
-                self[semconv.M_PAIRINGS].labels(
-                    _label(pre.get("node")),
-                    _label(dec.get("node")),
-                    _label(new.get("pairing_level") or "unknown"),
-                ).inc(exemplar=ex)
-        old_flags = {f["name"] for f in (old or {}).get("flags") or []}
-        for name in sorted({f["name"] for f in new.get("flags") or []} - old_flags):
-            self[semconv.M_FLAGS].labels(_label(name), path_class).inc(exemplar=ex)
-        if kv and not old_kv:
-            self[semconv.M_KV_TRANSFERS].labels(_label(kv.get("transport") or "unknown"), path_class).inc(
-                exemplar=ex
-            )
-            duration, size = kv.get("duration_s"), kv.get("bytes")
-            if isinstance(duration, int | float) and duration >= 0:
-                self[semconv.M_KV_DURATION].labels(path_class).observe(duration, exemplar=ex)
-                dec = new.get("decode") or {}
-                node, nic = _label(dec.get("node")), _label(dec.get("nic"))
-                self[semconv.M_KV_NODE_SECONDS].labels(node, nic, path_class).inc(duration)
-                if isinstance(size, int) and size >= 0:
-                    self[semconv.M_KV_NODE_BYTES].labels(node, nic, path_class).inc(size)
-                    if duration > 0:
-                        self[semconv.M_KV_BANDWIDTH].labels(path_class).observe(size / duration, exemplar=ex)
-        ttft = new.get("ttft_s")
-        if isinstance(ttft, int | float) and (old is None or old.get("ttft_s") is None):
-            self[semconv.M_TTFT].labels(path_class).observe(ttft, exemplar=ex)
-        old_stages = (old or {}).get("breakdown_s") or {}
-        for stage, seconds in (new.get("breakdown_s") or {}).items():
-            if stage not in old_stages and isinstance(seconds, int | float) and seconds >= 0:
-                self[semconv.M_STAGE].labels(_label(stage), path_class).observe(seconds, exemplar=ex)
+            new_flags = new.get("flags")
+            flag_names = {f["name"] for f in new_flags} if new_flags else None
+            ttft, breakdown = new.get("ttft_s"), new.get("breakdown_s")
+        else:
+            trace_id, model, pairing_level = str(new.trace_id), new.model, new.pairing_level
+            kv = new.kv_transfer
+            if kv:
+                kv_class, transport, duration, size = kv.path_class, kv.transport, kv.duration_s, kv.bytes
+            pre, dec = new.prefill or {}, new.decode or {}
+            flag_names = {f.name for f in new.flags} if new.flags else None
+            ttft, breakdown = new.ttft_s, new.breakdown_s
+        if len(trace_id) > 128 - len(semconv.EXEMPLAR_TRACE_ID_LABEL):
+            raise ValueError("Exemplar labels have more than 128 UTF-8 characters")
+        ex = {semconv.EXEMPLAR_TRACE_ID_LABEL: trace_id}
+        path_class = _label(kv_class or "unknown") if kv else "unknown"
+        by_class = (path_class,)
+        if flag_names:
+            if old is not None and old.get("flags"):
+                flag_names -= {f["name"] for f in old["flags"]}
+            flags = sorted(flag_names)
+        else:
+            flags = []
+        if not (isinstance(ttft, _NUMBER) and (old is None or old.get("ttft_s") is None)):
+            ttft = None
+        old_stages = (old.get("breakdown_s") or {}) if old is not None else {}
+        with self._lock:
+            now = time.time()
+            one = (ex, 1, now)  # the exemplar of an increment by one
+            if old is None:
+                _inc(self._requests.series, (path_class, _label(model)), 1, one)
+                if pre.get("node") or dec.get("node"):
+                    key = (
+                        _label(pre.get("node")),
+                        _label(dec.get("node")),
+                        _label(pairing_level or "unknown"),
+                    )
+                    _inc(self._pairings.series, key, 1, one)
+            for name in flags:
+                _inc(self._flags.series, (_label(name), path_class), 1, one)
+            if kv and not (old is not None and old.get("kv_transfer")):
+                _inc(self._kv_transfers.series, (_label(transport or "unknown"), path_class), 1, one)
+                if isinstance(duration, _NUMBER) and duration >= 0:
+                    self._kv_duration.add(by_class, duration, (ex, duration, now))
+                    node = (_label(dec.get("node")), _label(dec.get("nic")), path_class)
+                    _inc(self._kv_node_seconds.series, node, duration, None)
+                    if isinstance(size, int) and size >= 0:
+                        _inc(self._kv_node_bytes.series, node, size, None)
+                        if duration > 0:
+                            rate = size / duration
+                            self._kv_bandwidth.add(by_class, rate, (ex, rate, now))
+            if ttft is not None:
+                self._ttft.add(by_class, ttft, (ex, ttft, now))
+            if breakdown:
+                # The stages, a third of the updates: `Histogram.add` inline (a NaN is not >= 0).
+                stage = self._stage
+                series, bounds = stage.series, stage.bounds
+                for name, seconds in breakdown.items():
+                    if name not in old_stages and isinstance(seconds, _NUMBER) and seconds >= 0:
+                        key = (_label(name), path_class)
+                        s = series.get(key)
+                        if s is None:
+                            s = series[key] = stage._new()
+                        s[2] += seconds
+                        i = bisect_left(bounds, seconds)
+                        s[0][i] += 1
+                        s[1][i] = (ex, seconds, now)

@@ -5,9 +5,12 @@ assembly costs more per span than ingest; on a busy service the two slow each ot
 With `assembly_processes = N` the serve process starts N children instead of its assembler
 thread. Each child opens the same database and topology and runs the ordinary `Assembler`
 loop; the trace leases that let several replicas share one database (`Store.claim_ready`)
-keep the children apart as well. What the children would have counted in Prometheus comes
-back to the serve process over a queue and is applied to its registry, so `/metrics` stays
-the one place to scrape. A child that dies is started again; the leases it held run out.
+keep the children apart as well. What the children count comes back to the serve process
+over a queue, every `RELAY_INTERVAL_S`, as per-series deltas (counts, sums, the latest exemplar
+of each counter and bucket; `railtrace.metrics.Delta`) that it adds to its own families, so
+`/metrics` stays the one place to scrape and the serve process does one merge per series
+touched, not one update per observation. A child that dies is started again; the leases it
+held run out, and what it had counted but not yet sent is lost with it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import threading
 import time
 from typing import Any
 
-from railtrace.metrics import Metrics
+from railtrace.metrics import Delta, Metrics
 from railtrace.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -32,98 +35,34 @@ log = logging.getLogger(__name__)
 # /metrics at most this long after its summary is stored.
 RELAY_INTERVAL_S = 0.01
 
-# One metric update: (family name, label values, "inc" | "observe" | "set", value, exemplar).
-Update = tuple[str, tuple[str, ...], str, float, dict[str, str] | None]
 
+class RecordedMetrics(Metrics):
+    """Stands in for `Metrics` inside a child: the same families and update rules, and what
+    was counted is handed over as a delta (`take`) for the serve process to add in.
 
-class _Child:
-    """One label set of a recorded family (what `family.labels(...)` returns)."""
-
-    __slots__ = ("_labels", "_name", "_owner")
-
-    def __init__(self, owner: RecordedMetrics, name: str, labels: tuple[str, ...]) -> None:
-        self._owner, self._name, self._labels = owner, name, labels
-
-    def labels(self, *values: Any) -> _Child:
-        return _Child(self._owner, self._name, self._labels + tuple(str(v) for v in values))
-
-    def inc(self, amount: float = 1, exemplar: dict[str, str] | None = None) -> None:
-        self._owner.record((self._name, self._labels, "inc", float(amount), exemplar))
-
-    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
-        self._owner.record((self._name, self._labels, "observe", float(amount), exemplar))
-
-    def set(self, value: float) -> None:
-        self._owner.record((self._name, self._labels, "set", float(value), None))
-
-
-class RecordedMetrics:
-    """Stands in for `Metrics` inside a child: the same update rules, recorded for replay.
-
-    The assembler thread records while the child's main thread takes batches to send, so
-    both go through one lock (a family handle must never hold on to a list already sent).
+    The assembler thread counts while the child's main thread takes deltas to send; both go
+    through the one lock of `Metrics`, and a taken delta is never written to again (the queue
+    pickles it later, in its feeder thread).
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._updates: list[Update] = []
+        super().__init__(zero_series=False)  # a zero gauge would overwrite the serve process's
 
-    def __getitem__(self, name: str) -> _Child:
-        return _Child(self, name, ())
-
-    request_assembled = Metrics.request_assembled
-
-    def record(self, update: Update) -> None:
+    def take(self) -> Delta:
+        """What was counted since the last take, per family and series (the series touched)."""
+        out: Delta = {}
         with self._lock:
-            self._updates.append(update)
-
-    def take(self) -> list[Update]:
-        with self._lock:
-            out, self._updates = self._updates, []
-        return compact(out)
+            for name, family in self.families.items():
+                if family.series:
+                    out[name], family.series = family.series, {}
+        return out
 
 
-def compact(updates: list[Update]) -> list[Update]:
-    """The same updates in fewer calls for the serve process to replay (it does so under the
-    interpreter lock its receivers need): increments of one series become one increment of
-    their sum without exemplar plus the last one with its exemplar (Prometheus keeps only the
-    latest exemplar, with that increment's value); of a series' gauge settings the last is
-    kept. Observations stay one by one, in order."""
-    incs: dict[tuple[str, tuple[str, ...]], list[Any]] = {}  # series -> [sum before last, last]
-    sets: dict[tuple[str, tuple[str, ...]], Update] = {}
-    out: list[Update] = []
-    for update in updates:
-        name, labels, op, _, _ = update
-        if op == "inc":
-            seen = incs.get((name, labels))
-            if seen is None:
-                incs[(name, labels)] = [0.0, update]
-            else:
-                seen[0] += seen[1][3]
-                seen[1] = update
-        elif op == "set":
-            sets[(name, labels)] = update
-        else:
-            out.append(update)
-    for (name, labels), (before, last) in incs.items():
-        if before:
-            out.append((name, labels, "inc", before, None))
-        out.append(last)
-    out.extend(sets.values())
-    return out
-
-
-def replay(metrics: Metrics, updates: list[Update]) -> None:
-    """Apply a child's recorded updates to the serve process's registry."""
-    for name, labels, op, value, exemplar in updates:
-        family = metrics[name]
-        target = family.labels(*labels) if labels else family
-        if op == "inc":
-            target.inc(value, exemplar=exemplar)
-        elif op == "observe":
-            target.observe(value, exemplar=exemplar)
-        elif op == "set":
-            target.set(value)
+def replay(metrics: Metrics, delta: Delta) -> None:
+    """Add a child's delta to the serve process's families: one merge per series touched in
+    the relay interval, not one update per observation, under the interpreter lock its
+    receivers need."""
+    metrics.merge(delta)
 
 
 def _child_main(settings_data: dict[str, Any], out: Any, stop: Any, index: int) -> None:
