@@ -334,7 +334,7 @@ class Assembler:
             marks = p.group.marks
             for s in p.group.summaries:
                 previous = old.get(s.trace_id) or next((old[t] for t in s.trace_ids if t in old), None)
-                self.metrics.request_assembled(s.to_dict(), previous)
+                self.metrics.request_assembled(s, previous)
                 if len(s.trace_ids) > 1 and (previous is None or len(previous.get("trace_ids") or []) <= 1):
                     self.metrics[semconv.M_STITCHED].inc()
                 arrivals = [marks[t] for t in s.trace_ids or [s.trace_id] if t in marks]
