@@ -87,6 +87,7 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.sqlite = is_sqlite(engine)
+        self._q = _statements(self.sqlite)
         p = "?" if self.sqlite else "%s"
         self._known_resources: set[int] = set()
         # Resources read back, by id. A row never changes (its id is a hash of its content) and
@@ -259,30 +260,17 @@ class Store:
         another is claiming, and a lease (`claimed_by`, `claimed_until_ns`) keeps them its
         own until it saves or releases them -- or the lease runs out because it died.
         """
-        t = traces.c
-        free = or_(t.claimed_until_ns.is_(None), t.claimed_until_ns < now_ns, t.claimed_by == owner)
-        pick = (
-            select(t.trace_id)
-            .where(
-                t.dirty.is_(True),
-                t.last_arrival_ns <= quiet_before_ns,
-                or_(t.has_root.is_(True), t.first_arrival_ns <= wait_before_ns),
-                free,
-                ~among(t.trace_id, "skip", self.sqlite),
-            )
-            .order_by(t.last_arrival_ns)
-            .limit(limit)
-        )
-        if not self.sqlite:
-            pick = pick.with_for_update(skip_locked=True)
-        stmt = (
-            update(traces)
-            .where(t.trace_id.in_(pick.scalar_subquery()))
-            .values(claimed_by=owner, claimed_until_ns=now_ns + lease_ns)
-            .returning(t.trace_id, t.last_arrival_ns, t.late_spans, t.assembled_ns)
-        )
+        params = {
+            "owner": owner,
+            "now": now_ns,
+            "until": now_ns + lease_ns,
+            "quiet_before": quiet_before_ns,
+            "wait_before": wait_before_ns,
+            "limit": limit,
+            "skip": listed(skip, self.sqlite),
+        }
         with self.engine.begin() as conn:
-            rows = conn.execute(stmt, {"skip": listed(skip, self.sqlite)}).all()
+            rows = conn.execute(self._q.claim_ready, params).all()
         rows.sort(key=lambda r: (r[1], r[0]))
         return [DirtyTrace(r[0], r[1], r[2], r[3] is not None) for r in rows]
 
@@ -292,16 +280,9 @@ class Store:
         ids = sorted(set(trace_ids))
         if not ids:
             return set()
-        t = traces.c
-        free = or_(t.claimed_until_ns.is_(None), t.claimed_until_ns < now_ns, t.claimed_by == owner)
-        stmt = (
-            update(traces)
-            .where(among(t.trace_id, "ids", self.sqlite), free)
-            .values(claimed_by=owner, claimed_until_ns=now_ns + lease_ns)
-            .returning(t.trace_id)
-        )
+        params = {"ids": listed(ids, self.sqlite), "owner": owner, "now": now_ns, "until": now_ns + lease_ns}
         with self.engine.begin() as conn:
-            return set(conn.execute(stmt, {"ids": listed(ids, self.sqlite)}).scalars())
+            return set(conn.execute(self._q.claim, params).scalars())
 
     def release(self, owner: str, trace_ids: Iterable[str]) -> None:
         """Give up `owner`'s leases on these traces (they stay dirty if they were)."""
@@ -320,12 +301,8 @@ class Store:
         ids = sorted(set(trace_ids))
         if not ids:
             return {}
-        t = traces.c
-        q = select(t.trace_id, t.last_arrival_ns, t.late_spans, t.assembled_ns, t.dirty).where(
-            among(t.trace_id, "ids", self.sqlite)
-        )
         with self.engine.connect() as conn:
-            rows = conn.execute(q, {"ids": listed(ids, self.sqlite)}).all()
+            rows = conn.execute(self._q.trace_states, {"ids": listed(ids, self.sqlite)}).all()
         return {r[0]: DirtyTrace(r[0], r[1], r[2], r[3] is not None, bool(r[4])) for r in rows}
 
     def traces_for_keys(self, keys: Iterable[str]) -> list[tuple[str, str]]:
@@ -333,10 +310,10 @@ class Store:
         ks = sorted({k for k in keys if k})
         if not ks:
             return []
-        tk = trace_keys.c
-        q = select(tk.request_key, tk.trace_id).where(among(tk.request_key, "keys", self.sqlite))
         with self.engine.connect() as conn:
-            return [(r[0], r[1]) for r in conn.execute(q, {"keys": listed(ks, self.sqlite)})]
+            return [
+                (r[0], r[1]) for r in conn.execute(self._q.traces_for_keys, {"ids": listed(ks, self.sqlite)})
+            ]
 
     def load_spans(self, trace_ids: Iterable[str], normalize: bool = True) -> list[Span]:
         """Spans of these traces, attributes decoded; normalised unless the caller (assembly,
@@ -344,20 +321,13 @@ class Store:
         export call) is returned once, as first received."""
         ids = sorted(set(trace_ids))
         out: list[Span] = []
+        if not ids:
+            return out
         read = records_reader()
         known = self._resources
-        sc = span_chunks.c
-        chunks_q = (
-            select(sc.trace_id, sc.body)
-            .where(among(sc.trace_id, "ids", self.sqlite))
-            .order_by(sc.trace_id, sc.received_ns, sc.chunk_id)
-        )
-        resources_q = select(resources.c.id, resources.c.attributes).where(
-            among(resources.c.id, "ids", self.sqlite)
-        )
         with self.engine.connect() as conn:
             for group in _chunks(ids, 200):
-                rows = conn.execute(chunks_q, {"ids": listed(group, self.sqlite)}).all()
+                rows = conn.execute(self._q.chunks, {"ids": listed(group, self.sqlite)}).all()
                 chunks = [(tid, chunk_records(body)) for tid, body in rows]
                 needed = {rid for _, records in chunks for rid, _ in records}
                 missing = needed - known.keys()
@@ -365,7 +335,7 @@ class Store:
                     if len(known) > MAX_KNOWN_RESOURCES:  # start again from this group's (a new
                         # dict: other threads reading go on with the one they hold)
                         known = self._resources = {rid: known[rid] for rid in needed - missing}
-                    found = conn.execute(resources_q, {"ids": listed(missing, self.sqlite)})
+                    found = conn.execute(self._q.resources, {"ids": listed(missing, self.sqlite)})
                     for rid, blob in found:
                         known[rid] = StoredResource.of(orjson.loads(blob))
                 spans: list[Span] = []
@@ -403,15 +373,8 @@ class Store:
         ids = sorted(set(trace_ids))
         if not ids:
             return {}
-        t, r = traces.c, requests.c
-        primaries = select(t.request_trace_id).where(
-            among(t.trace_id, "ids", self.sqlite), t.request_trace_id.is_not(None)
-        )
-        q = select(r.trace_id, r.summary).where(
-            or_(among(r.trace_id, "ids", self.sqlite), r.trace_id.in_(primaries))
-        )
         with self.engine.connect() as conn:
-            rows = conn.execute(q, {"ids": listed(ids, self.sqlite)}).all()
+            rows = conn.execute(self._q.previous_summaries, {"ids": listed(ids, self.sqlite)}).all()
         return {tid: orjson.loads(blob) for tid, blob in rows}
 
     def save_assembly(
@@ -602,41 +565,23 @@ def _delete_requests(conn: Connection, trace_ids: Sequence[str], delta: RollupDe
     delete is subtracted only by the one that deleted it)."""
     if not trace_ids:
         return
-    f, r = request_flags, requests
     sqlite = _sqlite(conn)
-    ids = {"ids": listed(trace_ids, sqlite)}
-    flags = conn.execute(
-        delete(f).where(among(f.c.trace_id, "ids", sqlite)).returning(f.c.flag, f.c.start_ns, f.c.trace_id),
-        ids,
-    )
-    flag_rows = flags.mappings().all()
-    old = conn.execute(delete(r).where(among(r.c.trace_id, "ids", sqlite)).returning(*REQUEST_COLUMNS), ids)
-    delta.removed(old.mappings().all(), flag_rows)
+    q, ids = _statements(sqlite), {"ids": listed(trace_ids, sqlite)}
+    flag_rows = conn.execute(q.delete_flags, ids).mappings().all()
+    old = conn.execute(q.delete_requests, ids).mappings().all()
+    delta.removed(old, flag_rows)
 
 
 def _release(conn: Connection, owner: str, trace_ids: Sequence[str], sqlite: bool) -> None:
-    t = traces.c
-    conn.execute(
-        update(traces)
-        .where(among(t.trace_id, "ids", sqlite), t.claimed_by == owner)
-        .values(claimed_by=None, claimed_until_ns=None),
-        {"ids": listed(trace_ids, sqlite)},
-    )
+    conn.execute(_statements(sqlite).release, {"ids": listed(trace_ids, sqlite), "owner": owner})
 
 
 def _unchanged(conn: Connection, marks: dict[str, int]) -> set[str]:
     """The traces of `marks` whose last arrival is still the one seen. Every row of `marks`
     is locked by a no-op write (held to the end of the transaction) and its last arrival
     read back from that write, so a span committed after the check waits for this commit."""
-    t = traces.c
     sqlite = _sqlite(conn)
-    stmt = (
-        update(traces)
-        .where(among(t.trace_id, "ids", sqlite))
-        .values(claimed_until_ns=t.claimed_until_ns)
-        .returning(t.trace_id, t.last_arrival_ns)
-    )
-    rows = conn.execute(stmt, {"ids": listed(marks, sqlite)})
+    rows = conn.execute(_statements(sqlite).lock_traces, {"ids": listed(marks, sqlite)})
     return {tid for tid, last in rows if marks[tid] == last}
 
 
@@ -887,9 +832,90 @@ def among(col: ColumnElement[Any], name: str, sqlite: bool) -> ColumnElement[boo
     """
     if sqlite:
         return col.in_(select(func.json_each(bindparam(name, type_=String)).table_valued("value").c.value))
-    return col == any_(bindparam(name, type_=ARRAY(col.type)))
+    item = String() if isinstance(col.type, String) else col.type  # no length: a cast would cut
+    return col == any_(bindparam(name, type_=ARRAY(item)))
 
 
 def listed(values: Iterable[Any], sqlite: bool) -> Any:
     """The parameter value of `among` for these values (duplicates and order do not matter)."""
     return orjson.dumps(list(values)).decode() if sqlite else list(values)
+
+
+class _Statements:
+    """The statements of assembly's every step for one dialect, built once.
+
+    Why: building a Core statement (and the cache key SQLAlchemy finds its compiled form by)
+    cost about three times executing it on a page of ids; built once, every value a bound
+    parameter, each is compiled once and found again at once.
+    """
+
+    def __init__(self, sqlite: bool) -> None:
+        t, sc, tk, r, f = traces.c, span_chunks.c, trace_keys.c, requests.c, request_flags.c
+
+        def ids(col: ColumnElement[Any]) -> ColumnElement[bool]:
+            return among(col, "ids", sqlite)
+
+        def free() -> ColumnElement[bool]:
+            return or_(
+                t.claimed_until_ns.is_(None),
+                t.claimed_until_ns < bindparam("now"),
+                t.claimed_by == bindparam("owner"),
+            )
+
+        lease = {"claimed_by": bindparam("owner"), "claimed_until_ns": bindparam("until")}
+        pick = (
+            select(t.trace_id)
+            .where(
+                t.dirty.is_(True),
+                t.last_arrival_ns <= bindparam("quiet_before"),
+                or_(t.has_root.is_(True), t.first_arrival_ns <= bindparam("wait_before")),
+                free(),
+                ~among(t.trace_id, "skip", sqlite),
+            )
+            .order_by(t.last_arrival_ns)
+            .limit(bindparam("limit"))
+        )
+        if not sqlite:
+            pick = pick.with_for_update(skip_locked=True)
+        self.claim_ready = (
+            update(traces)
+            .where(t.trace_id.in_(pick.scalar_subquery()))
+            .values(**lease)
+            .returning(t.trace_id, t.last_arrival_ns, t.late_spans, t.assembled_ns)
+        )
+        self.claim = update(traces).where(ids(t.trace_id), free()).values(**lease).returning(t.trace_id)
+        self.release = (
+            update(traces)
+            .where(ids(t.trace_id), t.claimed_by == bindparam("owner"))
+            .values(claimed_by=null(), claimed_until_ns=null())
+        )
+        self.trace_states = select(
+            t.trace_id, t.last_arrival_ns, t.late_spans, t.assembled_ns, t.dirty
+        ).where(ids(t.trace_id))
+        self.traces_for_keys = select(tk.request_key, tk.trace_id).where(ids(tk.request_key))
+        self.chunks = (
+            select(sc.trace_id, sc.body)
+            .where(ids(sc.trace_id))
+            .order_by(sc.trace_id, sc.received_ns, sc.chunk_id)
+        )
+        self.resources = select(resources.c.id, resources.c.attributes).where(ids(resources.c.id))
+        primaries = select(t.request_trace_id).where(ids(t.trace_id), t.request_trace_id.is_not(None))
+        self.previous_summaries = select(r.trace_id, r.summary).where(
+            or_(ids(r.trace_id), r.trace_id.in_(primaries))
+        )
+        self.delete_flags = (
+            delete(request_flags).where(ids(f.trace_id)).returning(f.flag, f.start_ns, f.trace_id)
+        )
+        self.delete_requests = delete(requests).where(ids(r.trace_id)).returning(*REQUEST_COLUMNS)
+        # A no-op write locks each row; its last arrival is read back from the write.
+        self.lock_traces = (
+            update(traces)
+            .where(ids(t.trace_id))
+            .values(claimed_until_ns=t.claimed_until_ns)
+            .returning(t.trace_id, t.last_arrival_ns)
+        )
+
+
+@functools.cache
+def _statements(sqlite: bool) -> _Statements:
+    return _Statements(sqlite)
