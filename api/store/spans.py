@@ -124,8 +124,10 @@ def _records_c(
     """`_read_c` over a chunk's records, without a call and a resource lookup per span."""
     decode = _spandecode.decode  # type: ignore[union-attr]
     out = []
+    last, res = None, NO_RESOURCE
     for rid, encoding in records:
-        res = resources.get(rid, NO_RESOURCE)
+        if rid != last:  # a chunk's records mostly share one resource (one exporting process)
+            last, res = rid, resources.get(rid, NO_RESOURCE)
         fields = decode(encoding, DEFAULT_DROP)
         if fields is None:  # something the C reader does not mirror: upb decides
             out.append(read_upb(trace_id, encoding, res.stored))

@@ -605,9 +605,9 @@ def _request_rows(summaries: Sequence[RequestSummary], now_ns: int) -> _RequestR
     for s in summaries:
         if s.trace_id in rows:  # two requests under one primary trace: the first is kept
             continue
-        rows[s.trace_id] = _request_row(s, now_ns)
-        start_ns = rows[s.trace_id]["start_ns"]
-        flag_rows += [{"flag": n, "start_ns": start_ns, "trace_id": s.trace_id} for n in sorted(_flags(s))]
+        names = sorted(_flags(s))
+        row = rows[s.trace_id] = _request_row(s, now_ns, names)
+        flag_rows += [{"flag": n, "start_ns": row["start_ns"], "trace_id": s.trace_id} for n in names]
     return _RequestRows(rows, flag_rows, trace_to_request)
 
 
@@ -750,7 +750,7 @@ def _flags(s: RequestSummary) -> set[str]:
     return {str(f.name)[:64] for f in s.flags}
 
 
-def _request_row(s: RequestSummary, now_ns: int) -> dict[str, Any]:
+def _request_row(s: RequestSummary, now_ns: int, flag_names: list[str]) -> dict[str, Any]:
     kv = s.kv_transfer
     return {
         "trace_id": s.trace_id,
@@ -768,7 +768,7 @@ def _request_row(s: RequestSummary, now_ns: int) -> dict[str, Any]:
         "decode_pod": s.decode.get("pod"),
         "decode_node": s.decode.get("node"),
         "pairing_level": s.pairing_level,
-        "flag_names": ",".join(sorted(_flags(s))),
+        "flag_names": ",".join(flag_names),
         "summary": orjson.dumps(s.to_dict(), option=orjson.OPT_NON_STR_KEYS),
         "updated_ns": now_ns,
     }
