@@ -17,6 +17,7 @@ the last bits; rows whose count reaches zero are deleted, which also drops their
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -138,21 +139,25 @@ class RollupDelta:
         rows = self.rows()
         if not rows:
             return
-        t = stats_hourly
-        stmt = (pg_insert if conn.dialect.name == "postgresql" else sqlite_insert)(t)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[t.c[k] for k in KEY_COLUMNS],
-            set_={c: t.c[c] + stmt.excluded[c] for c in SUM_COLUMNS},
-        )
-        conn.execute(stmt, rows)
+        add, drop = _statements(conn.dialect.name)
+        conn.execute(add, rows)
         emptied = [{f"k_{k}": r[k] for k in KEY_COLUMNS} for r in rows if r["request_count"] < 0]
         if emptied:
-            conn.execute(
-                delete(t).where(
-                    *(t.c[k] == bindparam(f"k_{k}") for k in KEY_COLUMNS), t.c.request_count <= 0
-                ),
-                emptied,
-            )
+            conn.execute(drop, emptied)
+
+
+@functools.cache
+def _statements(dialect: str) -> tuple[Any, Any]:
+    """The upsert adding deltas and the delete of emptied rows, built once per dialect (building
+    a statement cost more than running it on a page's few rollup rows)."""
+    t = stats_hourly
+    add = (pg_insert if dialect == "postgresql" else sqlite_insert)(t)
+    add = add.on_conflict_do_update(
+        index_elements=[t.c[k] for k in KEY_COLUMNS],
+        set_={c: t.c[c] + add.excluded[c] for c in SUM_COLUMNS},
+    )
+    drop = delete(t).where(*(t.c[k] == bindparam(f"k_{k}") for k in KEY_COLUMNS), t.c.request_count <= 0)
+    return add, drop
 
 
 def _hour_sql(start_ns: Any) -> Any:

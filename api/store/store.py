@@ -3,16 +3,38 @@
 from __future__ import annotations
 
 import functools
+import operator
 import sqlite3
 import time
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import orjson
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
-from sqlalchemy import Connection, Engine, and_, bindparam, case, delete, func, or_, select, text, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    String,
+    and_,
+    any_,
+    bindparam,
+    delete,
+    false,
+    func,
+    literal_column,
+    null,
+    or_,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.engine import Dialect
+from sqlalchemy.sql import Executable
 
 from railtrace.model import RequestSummary, Span
 from railtrace.normalize import normalize_span
@@ -22,7 +44,7 @@ from railtrace.store.rollup import DIMENSIONS, REQUEST_COLUMNS, RollupDelta, hou
 from railtrace.store.rollup import read as rollup_read
 from railtrace.store.rows import RowBatch, chunk_records
 from railtrace.store.schema import request_flags, requests, resources, span_chunks, trace_keys, traces
-from railtrace.store.spans import span_reader
+from railtrace.store.spans import StoredResource, records_reader
 
 INSERT_COLUMNS = "trace_id, chunk_id, received_ns, span_count, body"
 MAX_KNOWN_RESOURCES = 100_000
@@ -65,8 +87,12 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.sqlite = is_sqlite(engine)
+        self._q = _statements(self.sqlite)
         p = "?" if self.sqlite else "%s"
         self._known_resources: set[int] = set()
+        # Resources read back, by id. A row never changes (its id is a hash of its content) and
+        # is never deleted, so they are kept across calls, up to about MAX_KNOWN_RESOURCES.
+        self._resources: dict[int, StoredResource] = {}
         self._last_received_ns = 0
         self._sql_chunk = (
             f"INSERT INTO span_chunks ({INSERT_COLUMNS}) VALUES ({', '.join([p] * 5)}) ON CONFLICT DO NOTHING"
@@ -234,30 +260,17 @@ class Store:
         another is claiming, and a lease (`claimed_by`, `claimed_until_ns`) keeps them its
         own until it saves or releases them -- or the lease runs out because it died.
         """
-        t = traces.c
-        free = or_(t.claimed_until_ns.is_(None), t.claimed_until_ns < now_ns, t.claimed_by == owner)
-        pick = (
-            select(t.trace_id)
-            .where(
-                t.dirty.is_(True),
-                t.last_arrival_ns <= quiet_before_ns,
-                or_(t.has_root.is_(True), t.first_arrival_ns <= wait_before_ns),
-                free,
-                *([t.trace_id.not_in(sorted(skip))] if skip else []),
-            )
-            .order_by(t.last_arrival_ns)
-            .limit(limit)
-        )
-        if not self.sqlite:
-            pick = pick.with_for_update(skip_locked=True)
-        stmt = (
-            update(traces)
-            .where(t.trace_id.in_(pick.scalar_subquery()))
-            .values(claimed_by=owner, claimed_until_ns=now_ns + lease_ns)
-            .returning(t.trace_id, t.last_arrival_ns, t.late_spans, t.assembled_ns)
-        )
+        params = {
+            "owner": owner,
+            "now": now_ns,
+            "until": now_ns + lease_ns,
+            "quiet_before": quiet_before_ns,
+            "wait_before": wait_before_ns,
+            "limit": limit,
+            "skip": listed(skip, self.sqlite),
+        }
         with self.engine.begin() as conn:
-            rows = conn.execute(stmt).all()
+            rows = conn.execute(self._q.claim_ready, params).all()
         rows.sort(key=lambda r: (r[1], r[0]))
         return [DirtyTrace(r[0], r[1], r[2], r[3] is not None) for r in rows]
 
@@ -265,32 +278,19 @@ class Store:
         """Lease these traces (dirty or not) to `owner` where no other replica holds them;
         returns the ids now held by `owner` (unknown ids are never returned)."""
         ids = sorted(set(trace_ids))
-        got: set[str] = set()
-        t = traces.c
-        free = or_(t.claimed_until_ns.is_(None), t.claimed_until_ns < now_ns, t.claimed_by == owner)
+        if not ids:
+            return set()
+        params = {"ids": listed(ids, self.sqlite), "owner": owner, "now": now_ns, "until": now_ns + lease_ns}
         with self.engine.begin() as conn:
-            for chunk in _chunks(ids, 500):
-                got.update(
-                    conn.execute(
-                        update(traces)
-                        .where(t.trace_id.in_(chunk), free)
-                        .values(claimed_by=owner, claimed_until_ns=now_ns + lease_ns)
-                        .returning(t.trace_id)
-                    ).scalars()
-                )
-        return got
+            return set(conn.execute(self._q.claim, params).scalars())
 
     def release(self, owner: str, trace_ids: Iterable[str]) -> None:
         """Give up `owner`'s leases on these traces (they stay dirty if they were)."""
         ids = sorted(set(trace_ids))
-        t = traces.c
+        if not ids:
+            return
         with self.engine.begin() as conn:
-            for chunk in _chunks(ids, 500):
-                conn.execute(
-                    update(traces)
-                    .where(t.trace_id.in_(chunk), t.claimed_by == owner)
-                    .values(claimed_by=None, claimed_until_ns=None)
-                )
+            _release(conn, owner, ids, self.sqlite)
 
     def count_dirty(self) -> int:
         with self.engine.connect() as conn:
@@ -299,28 +299,21 @@ class Store:
     def trace_states(self, trace_ids: Iterable[str]) -> dict[str, DirtyTrace]:
         """Arrival state of these traces (unknown ids are absent)."""
         ids = sorted(set(trace_ids))
-        out: dict[str, DirtyTrace] = {}
-        t = traces.c
+        if not ids:
+            return {}
         with self.engine.connect() as conn:
-            for chunk in _chunks(ids, 500):
-                q = select(t.trace_id, t.last_arrival_ns, t.late_spans, t.assembled_ns, t.dirty).where(
-                    t.trace_id.in_(chunk)
-                )
-                for r in conn.execute(q):
-                    out[r[0]] = DirtyTrace(r[0], r[1], r[2], r[3] is not None, bool(r[4]))
-        return out
+            rows = conn.execute(self._q.trace_states, {"ids": listed(ids, self.sqlite)}).all()
+        return {r[0]: DirtyTrace(r[0], r[1], r[2], r[3] is not None, bool(r[4])) for r in rows}
 
     def traces_for_keys(self, keys: Iterable[str]) -> list[tuple[str, str]]:
         """(request key, trace id) for every trace holding one of these keys (stitching)."""
         ks = sorted({k for k in keys if k})
-        out: list[tuple[str, str]] = []
+        if not ks:
+            return []
         with self.engine.connect() as conn:
-            for chunk in _chunks(ks, 500):
-                q = select(trace_keys.c.request_key, trace_keys.c.trace_id).where(
-                    trace_keys.c.request_key.in_(chunk)
-                )
-                out.extend((r[0], r[1]) for r in conn.execute(q))
-        return out
+            return [
+                (r[0], r[1]) for r in conn.execute(self._q.traces_for_keys, {"ids": listed(ks, self.sqlite)})
+            ]
 
     def load_spans(self, trace_ids: Iterable[str], normalize: bool = True) -> list[Span]:
         """Spans of these traces, attributes decoded; normalised unless the caller (assembly,
@@ -328,32 +321,36 @@ class Store:
         export call) is returned once, as first received."""
         ids = sorted(set(trace_ids))
         out: list[Span] = []
-        read = span_reader()
-        resource_cache: dict[int, dict[str, Any]] = {}
-        sc = span_chunks.c
+        if not ids:
+            return out
+        read = records_reader()
+        known = self._resources
         with self.engine.connect() as conn:
             for group in _chunks(ids, 200):
-                rows = conn.execute(
-                    select(sc.trace_id, sc.body)
-                    .where(sc.trace_id.in_(group))
-                    .order_by(sc.trace_id, sc.received_ns, sc.chunk_id)
-                ).all()
-                chunks = [(r.trace_id, chunk_records(r.body)) for r in rows]
-                missing = {rid for _, records in chunks for rid, _ in records} - resource_cache.keys()
+                rows = conn.execute(self._q.chunks, {"ids": listed(group, self.sqlite)}).all()
+                chunks = [(tid, chunk_records(body)) for tid, body in rows]
+                needed = {rid for _, records in chunks for rid, _ in records}
+                missing = needed - known.keys()
                 if missing:
-                    for rid, blob in conn.execute(
-                        select(resources.c.id, resources.c.attributes).where(resources.c.id.in_(missing))
-                    ):
-                        resource_cache[rid] = orjson.loads(blob)
-                seen: set[tuple[str, str]] = set()
+                    if len(known) > MAX_KNOWN_RESOURCES:  # start again from this group's (a new
+                        # dict: other threads reading go on with the one they hold)
+                        known = self._resources = {rid: known[rid] for rid in needed - missing}
+                    found = conn.execute(self._q.resources, {"ids": listed(missing, self.sqlite)})
+                    for rid, blob in found:
+                        known[rid] = StoredResource.of(orjson.loads(blob))
                 spans: list[Span] = []
-                for tid, records in chunks:
-                    for rid, encoding in records:
-                        span = read(tid, encoding, resource_cache.get(rid, {}))
-                        if (tid, span.span_id) not in seen:  # a span re-sent in other bytes: once
-                            seen.add((tid, span.span_id))
-                            spans.append(normalize_span(span) if normalize else span)
-                spans.sort(key=lambda sp: (sp.start_ns, sp.span_id))
+                trace: list[Span] = []
+                for i, (tid, records) in enumerate(chunks):
+                    trace += read(tid, records, known)
+                    if i + 1 < len(chunks) and chunks[i + 1][0] == tid:
+                        continue  # rows come in trace order: the trace's next chunk
+                    if len({sp.span_id for sp in trace}) < len(trace):  # a span re-sent in other bytes
+                        trace = _first_of_each(trace)
+                    spans += trace
+                    trace = []
+                if normalize:
+                    spans = [normalize_span(sp) for sp in spans]
+                spans.sort(key=_SPAN_ORDER)
                 out += spans
         return out
 
@@ -373,25 +370,12 @@ class Store:
 
     def previous_summaries(self, trace_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """Stored summaries of the requests these traces belonged to, by their primary trace."""
-        ids = list(set(trace_ids))
-        out: dict[str, dict[str, Any]] = {}
+        ids = sorted(set(trace_ids))
+        if not ids:
+            return {}
         with self.engine.connect() as conn:
-            primaries = set(ids)
-            for chunk in _chunks(ids, 500):
-                primaries.update(
-                    r[0]
-                    for r in conn.execute(
-                        select(traces.c.request_trace_id).where(
-                            traces.c.trace_id.in_(chunk), traces.c.request_trace_id.is_not(None)
-                        )
-                    )
-                )
-            for chunk in _chunks(sorted(primaries), 500):
-                for tid, blob in conn.execute(
-                    select(requests.c.trace_id, requests.c.summary).where(requests.c.trace_id.in_(chunk))
-                ):
-                    out[tid] = orjson.loads(blob)
-        return out
+            rows = conn.execute(self._q.previous_summaries, {"ids": listed(ids, self.sqlite)}).all()
+        return {tid: orjson.loads(blob) for tid, blob in rows}
 
     def save_assembly(
         self,
@@ -430,14 +414,9 @@ class Store:
             superseded = {p for g in stored for p in g.superseded}
             _save(conn, [b for b, k in zip(built, keep, strict=True) if k], marks, superseded, now_ns)
             if owner is not None:
-                t = traces.c
                 held = sorted({tid for g in groups for tid in g.marks})
-                for chunk in _chunks(held, 500):
-                    conn.execute(
-                        update(traces)
-                        .where(t.trace_id.in_(chunk), t.claimed_by == owner)
-                        .values(claimed_by=None, claimed_until_ns=None)
-                    )
+                if held:
+                    _release(conn, owner, held, self.sqlite)
         return stored
 
     # -- queries -------------------------------------------------------------------------------
@@ -576,34 +555,34 @@ class Store:
             conn.execute(text("SELECT 1"))
 
 
+def _sqlite(conn: Connection) -> bool:
+    return conn.dialect.name == "sqlite"
+
+
 def _delete_requests(conn: Connection, trace_ids: Sequence[str], delta: RollupDelta) -> None:
     """Delete these request rows and their flags, subtracting what they had added to the
     rollup (the columns come back from the DELETE itself, so a row two writers race to
     delete is subtracted only by the one that deleted it)."""
-    f, r = request_flags, requests
-    flags = conn.execute(
-        delete(f).where(f.c.trace_id.in_(trace_ids)).returning(f.c.flag, f.c.start_ns, f.c.trace_id)
-    )
-    flag_rows = flags.mappings().all()
-    old = conn.execute(delete(r).where(r.c.trace_id.in_(trace_ids)).returning(*REQUEST_COLUMNS))
-    delta.removed(old.mappings().all(), flag_rows)
+    if not trace_ids:
+        return
+    sqlite = _sqlite(conn)
+    q, ids = _statements(sqlite), {"ids": listed(trace_ids, sqlite)}
+    flag_rows = conn.execute(q.delete_flags, ids).mappings().all()
+    old = conn.execute(q.delete_requests, ids).mappings().all()
+    delta.removed(old, flag_rows)
+
+
+def _release(conn: Connection, owner: str, trace_ids: Sequence[str], sqlite: bool) -> None:
+    conn.execute(_statements(sqlite).release, {"ids": listed(trace_ids, sqlite), "owner": owner})
 
 
 def _unchanged(conn: Connection, marks: dict[str, int]) -> set[str]:
-    """The traces of `marks` whose last arrival is still the one seen, each row locked by a
-    no-op write (held to the end of the transaction)."""
-    t = traces.c
-    out: set[str] = set()
-    for chunk in _chunks(sorted(marks), 300):
-        seen = case({tid: marks[tid] for tid in chunk}, value=t.trace_id)
-        stmt = (
-            update(traces)
-            .where(t.trace_id.in_(chunk), t.last_arrival_ns == seen)
-            .values(claimed_until_ns=t.claimed_until_ns)
-            .returning(t.trace_id)
-        )
-        out.update(conn.execute(stmt).scalars())
-    return out
+    """The traces of `marks` whose last arrival is still the one seen. Every row of `marks`
+    is locked by a no-op write (held to the end of the transaction) and its last arrival
+    read back from that write, so a span committed after the check waits for this commit."""
+    sqlite = _sqlite(conn)
+    rows = conn.execute(_statements(sqlite).lock_traces, {"ids": listed(marks, sqlite)})
+    return {tid for tid, last in rows if marks[tid] == last}
 
 
 @dataclass(slots=True)
@@ -626,9 +605,9 @@ def _request_rows(summaries: Sequence[RequestSummary], now_ns: int) -> _RequestR
     for s in summaries:
         if s.trace_id in rows:  # two requests under one primary trace: the first is kept
             continue
-        rows[s.trace_id] = _request_row(s, now_ns)
-        start_ns = rows[s.trace_id]["start_ns"]
-        flag_rows += [{"flag": n, "start_ns": start_ns, "trace_id": s.trace_id} for n in sorted(_flags(s))]
+        names = sorted(_flags(s))
+        row = rows[s.trace_id] = _request_row(s, now_ns, names)
+        flag_rows += [{"flag": n, "start_ns": row["start_ns"], "trace_id": s.trace_id} for n in names]
     return _RequestRows(rows, flag_rows, trace_to_request)
 
 
@@ -653,32 +632,59 @@ def _save(
         delta.request(row, +1)
     for f in flag_rows:
         delta.flag(f["flag"], f["start_ns"], rows[f["trace_id"]], +1)
-    gone = set(superseded) | set(rows)
-    for chunk in _chunks(sorted(gone), 500):
-        _delete_requests(conn, chunk, delta)
+    _delete_requests(conn, sorted(set(superseded) | set(rows)), delta)
     if rows:
-        conn.execute(requests.insert(), list(rows.values()))
+        _executemany(conn, _INSERT_REQUEST, list(rows.values()))
     if flag_rows:
-        conn.execute(request_flags.insert(), flag_rows)
+        _executemany(conn, _INSERT_FLAG, flag_rows)
     if group:
-        t = traces.c
-        conn.execute(
-            update(traces)
-            .where(t.trace_id == bindparam("tid"), t.last_arrival_ns == bindparam("seen"))
-            .values(
-                dirty=False,
-                late_spans=0,
-                assembled_ns=now_ns,
-                request_trace_id=bindparam("rtid"),
-                claimed_by=None,
-                claimed_until_ns=None,
-            ),
+        _executemany(
+            conn,
+            _MARK_ASSEMBLED,
             [
-                {"tid": tid, "seen": seen, "rtid": trace_to_request.get(tid)}
+                {"tid": tid, "seen": seen, "rtid": trace_to_request.get(tid), "now": now_ns}
                 for tid, seen in sorted(group.items())
             ],
         )
     delta.apply(conn)  # last: holds the shared rollup rows' locks only until commit
+
+
+_INSERT_REQUEST = requests.insert()
+_INSERT_FLAG = request_flags.insert()
+_MARK_ASSEMBLED = (
+    update(traces)
+    .where(traces.c.trace_id == bindparam("tid"), traces.c.last_arrival_ns == bindparam("seen"))
+    .values(
+        dirty=false(),
+        late_spans=literal_column("0"),
+        assembled_ns=bindparam("now"),
+        request_trace_id=bindparam("rtid"),
+        claimed_by=null(),
+        claimed_until_ns=null(),
+    )
+)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(stmt: Executable, dialect: Dialect) -> tuple[str, tuple[str, ...] | None]:
+    """`stmt`'s text for `dialect` and, if its placeholders are positional, their names in order."""
+    c = stmt.compile(dialect=dialect)
+    return str(c), tuple(c.positiontup) if c.positional and c.positiontup is not None else None
+
+
+def _executemany(conn: Connection, stmt: Executable, rows: Sequence[dict[str, Any]]) -> None:
+    """`stmt` (a Core statement without defaults to fill) once per row, handed to the driver.
+
+    Why: SQLAlchemy's executemany prepares every value of every row in Python (by name, then
+    through each column type's processor), which cost more than the database's own work for
+    assembly's request, flag and trace rows. The values here are plain str, int, float, bool,
+    bytes or None, which both drivers take as they are.
+    """
+    sql, order = _compiled(stmt, conn.dialect)
+    if order is None:
+        conn.exec_driver_sql(sql, list(rows))
+    else:
+        conn.exec_driver_sql(sql, [tuple([row[k] for k in order]) for row in rows])
 
 
 def _raw_stats(
@@ -713,14 +719,26 @@ def _raw_stats(
                 yield (name,), values
 
 
+_SPAN_ORDER = operator.attrgetter("start_ns", "span_id")
+
+
+def _first_of_each(spans: list[Span]) -> list[Span]:
+    """The first span of each span id, in order."""
+    seen: set[str] = set()
+    out = []
+    for sp in spans:
+        if sp.span_id not in seen:
+            seen.add(sp.span_id)
+            out.append(sp)
+    return out
+
+
 def _chunks(items: Sequence[Any], n: int) -> Iterable[Sequence[Any]]:
     for i in range(0, len(items), n):
         yield items[i : i + n]
 
 
 def _start_ns(s: RequestSummary) -> int:
-    from datetime import datetime
-
     try:
         dt = datetime.fromisoformat(s.start.replace("Z", "+00:00"))
     except ValueError:
@@ -732,7 +750,7 @@ def _flags(s: RequestSummary) -> set[str]:
     return {str(f.name)[:64] for f in s.flags}
 
 
-def _request_row(s: RequestSummary, now_ns: int) -> dict[str, Any]:
+def _request_row(s: RequestSummary, now_ns: int, flag_names: list[str]) -> dict[str, Any]:
     kv = s.kv_transfer
     return {
         "trace_id": s.trace_id,
@@ -750,7 +768,7 @@ def _request_row(s: RequestSummary, now_ns: int) -> dict[str, Any]:
         "decode_pod": s.decode.get("pod"),
         "decode_node": s.decode.get("node"),
         "pairing_level": s.pairing_level,
-        "flag_names": ",".join(sorted(_flags(s))),
+        "flag_names": ",".join(flag_names),
         "summary": orjson.dumps(s.to_dict(), option=orjson.OPT_NON_STR_KEYS),
         "updated_ns": now_ns,
     }
@@ -801,3 +819,103 @@ def _insert_values(cur: Any, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         cur.execute(statement, params)
         written += cur.rowcount
     return written
+
+
+def among(col: ColumnElement[Any], name: str, sqlite: bool) -> ColumnElement[bool]:
+    """`col` is one of the values bound as `name` (made by `listed`): one statement text and
+    one parameter whatever their number.
+
+    Why: an expanding `IN (...)` is rendered anew for every execution, a placeholder per value,
+    and SQLAlchemy's preparing of those values cost assembly more than the database did. SQLite
+    reads the values from a JSON array (`json_each`), PostgreSQL from an array (`= ANY`); both
+    look them up in the column's index as the `IN` list did.
+    """
+    if sqlite:
+        return col.in_(select(func.json_each(bindparam(name, type_=String)).table_valued("value").c.value))
+    item = String() if isinstance(col.type, String) else col.type  # no length: a cast would cut
+    return col == any_(bindparam(name, type_=ARRAY(item)))
+
+
+def listed(values: Iterable[Any], sqlite: bool) -> Any:
+    """The parameter value of `among` for these values (duplicates and order do not matter)."""
+    return orjson.dumps(list(values)).decode() if sqlite else list(values)
+
+
+class _Statements:
+    """The statements of assembly's every step for one dialect, built once.
+
+    Why: building a Core statement (and the cache key SQLAlchemy finds its compiled form by)
+    cost about three times executing it on a page of ids; built once, every value a bound
+    parameter, each is compiled once and found again at once.
+    """
+
+    def __init__(self, sqlite: bool) -> None:
+        t, sc, tk, r, f = traces.c, span_chunks.c, trace_keys.c, requests.c, request_flags.c
+
+        def ids(col: ColumnElement[Any]) -> ColumnElement[bool]:
+            return among(col, "ids", sqlite)
+
+        def free() -> ColumnElement[bool]:
+            return or_(
+                t.claimed_until_ns.is_(None),
+                t.claimed_until_ns < bindparam("now"),
+                t.claimed_by == bindparam("owner"),
+            )
+
+        lease = {"claimed_by": bindparam("owner"), "claimed_until_ns": bindparam("until")}
+        pick = (
+            select(t.trace_id)
+            .where(
+                t.dirty.is_(True),
+                t.last_arrival_ns <= bindparam("quiet_before"),
+                or_(t.has_root.is_(True), t.first_arrival_ns <= bindparam("wait_before")),
+                free(),
+                ~among(t.trace_id, "skip", sqlite),
+            )
+            .order_by(t.last_arrival_ns)
+            .limit(bindparam("limit"))
+        )
+        if not sqlite:
+            pick = pick.with_for_update(skip_locked=True)
+        self.claim_ready = (
+            update(traces)
+            .where(t.trace_id.in_(pick.scalar_subquery()))
+            .values(**lease)
+            .returning(t.trace_id, t.last_arrival_ns, t.late_spans, t.assembled_ns)
+        )
+        self.claim = update(traces).where(ids(t.trace_id), free()).values(**lease).returning(t.trace_id)
+        self.release = (
+            update(traces)
+            .where(ids(t.trace_id), t.claimed_by == bindparam("owner"))
+            .values(claimed_by=null(), claimed_until_ns=null())
+        )
+        self.trace_states = select(
+            t.trace_id, t.last_arrival_ns, t.late_spans, t.assembled_ns, t.dirty
+        ).where(ids(t.trace_id))
+        self.traces_for_keys = select(tk.request_key, tk.trace_id).where(ids(tk.request_key))
+        self.chunks = (
+            select(sc.trace_id, sc.body)
+            .where(ids(sc.trace_id))
+            .order_by(sc.trace_id, sc.received_ns, sc.chunk_id)
+        )
+        self.resources = select(resources.c.id, resources.c.attributes).where(ids(resources.c.id))
+        primaries = select(t.request_trace_id).where(ids(t.trace_id), t.request_trace_id.is_not(None))
+        self.previous_summaries = select(r.trace_id, r.summary).where(
+            or_(ids(r.trace_id), r.trace_id.in_(primaries))
+        )
+        self.delete_flags = (
+            delete(request_flags).where(ids(f.trace_id)).returning(f.flag, f.start_ns, f.trace_id)
+        )
+        self.delete_requests = delete(requests).where(ids(r.trace_id)).returning(*REQUEST_COLUMNS)
+        # A no-op write locks each row; its last arrival is read back from the write.
+        self.lock_traces = (
+            update(traces)
+            .where(ids(t.trace_id))
+            .values(claimed_until_ns=t.claimed_until_ns)
+            .returning(t.trace_id, t.last_arrival_ns)
+        )
+
+
+@functools.cache
+def _statements(sqlite: bool) -> _Statements:
+    return _Statements(sqlite)
