@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,36 @@ SQLITE_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 SQLITE_WAL_AUTOCHECKPOINT = 16384
 # `synchronous` of an engine that writes only derived state (see `make_engine`).
 DERIVED_SQLITE_SYNCHRONOUS = "NORMAL"
+# Bytes the WAL file may reach before the ingest writer checkpoints it to the end and starts it
+# afresh (`bound_sqlite_wal`): twice what the autocheckpoint aims at.
+SQLITE_WAL_LIMIT_BYTES = 2 * SQLITE_WAL_AUTOCHECKPOINT * 4096
+
+
+def bound_sqlite_wal(engine: Engine, limit_bytes: int | None = None) -> bool:
+    """Checkpoint the whole WAL and truncate it once it has grown past `limit_bytes`; returns
+    whether it did.
+
+    Why: the automatic checkpoint is passive. It copies only the frames that no reader still
+    needs, and SQLite starts the WAL afresh only after a checkpoint that reached its end. Under
+    sustained ingest with assembly and the API reading all the time, that moment never comes:
+    the WAL grew to 380 MB within a minute at 8,500 spans/s, and every page read searches the
+    WAL's index, which grows with it, so assembly slowed down the longer the load lasted. A
+    TRUNCATE checkpoint waits (busy timeout) for the readers of older snapshots to finish,
+    copies what the passive ones left, and empties the file; writers wait meanwhile, which is
+    short because the passive checkpoints have copied nearly everything already.
+    """
+    path = engine.url.database
+    if not path:
+        return False
+    try:
+        size = os.path.getsize(f"{path}-wal")
+    except OSError:  # no WAL yet
+        return False
+    if size <= (SQLITE_WAL_LIMIT_BYTES if limit_bytes is None else limit_bytes):
+        return False
+    with engine.connect() as conn:
+        conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+    return True
 
 
 def make_engine(url: str, *, sqlite_synchronous: str = "FULL", derived_only: bool = False) -> Engine:

@@ -38,7 +38,7 @@ from sqlalchemy.sql import Executable
 
 from railtrace.model import RequestSummary, Span
 from railtrace.normalize import normalize_span
-from railtrace.store.engine import is_sqlite
+from railtrace.store.engine import bound_sqlite_wal, is_sqlite
 from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
 from railtrace.store.rollup import DIMENSIONS, REQUEST_COLUMNS, RollupDelta, hour_of
 from railtrace.store.rollup import read as rollup_read
@@ -178,6 +178,8 @@ class Store:
         if len(self._known_resources) > MAX_KNOWN_RESOURCES:
             self._known_resources.clear()
         self._known_resources.update(new_resources)
+        if self.sqlite:
+            bound_sqlite_wal(self.engine)  # the one writer of spans keeps the WAL bounded
         inserted = sum(counts.values())
         return InsertResult(inserted, total - inserted)
 

@@ -62,3 +62,63 @@ def test_the_assembler_thread_writes_through_the_derived_state_engine(db_url: st
         assert _commit_wait(runtime.assembler.store.engine) == (1 if db_url.startswith("sqlite") else "off")
     finally:
         runtime.stop()
+
+
+def test_the_wal_stays_bounded_while_readers_never_stop(tmp_path: Path, monkeypatch: object) -> None:
+    """Readers that always overlap keep the passive autocheckpoint from ever starting the WAL
+    afresh; the writer's bound must, or the WAL (and every page read) grows with the load."""
+    import threading
+
+    from railtrace.store import engine as engine_mod
+
+    limit = 256 * 1024
+    monkeypatch.setattr(engine_mod, "SQLITE_WAL_LIMIT_BYTES", limit)  # type: ignore[attr-defined]
+    url = f"sqlite:///{tmp_path / 'railtrace.db'}"
+    engine = make_engine(url)
+    wal = tmp_path / "railtrace.db-wal"
+    stop = threading.Event()
+
+    def read_forever() -> None:  # two connections taking turns: one read is always open
+        with engine.connect() as a, engine.connect() as b:
+            while not stop.is_set():
+                for first, second in ((a, b), (b, a)):
+                    first.exec_driver_sql("SELECT count(*) FROM t").scalar_one()
+                    second.rollback()
+                    second.exec_driver_sql("SELECT count(*) FROM t").scalar_one()
+                    first.rollback()
+
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)")
+        reader = threading.Thread(target=read_forever, daemon=True)
+        reader.start()
+        largest, truncations = 0, 0
+        for _ in range(200):  # ~4 MB of commits
+            with engine.begin() as conn:
+                conn.exec_driver_sql("INSERT INTO t (body) VALUES (randomblob(20000))")
+            truncations += engine_mod.bound_sqlite_wal(engine)
+            largest = max(largest, wal.stat().st_size)
+        stop.set()
+        reader.join(timeout=10)
+        assert truncations >= 5
+        assert largest <= limit + 64 * 1024  # at most one commit past the bound
+    finally:
+        stop.set()
+        engine.dispose()
+
+
+def test_the_span_writer_bounds_the_wal_after_each_commit(tmp_path: Path, monkeypatch: object) -> None:
+    from railtrace.ingest.writer import prepare
+    from railtrace.store import Store, migrate
+    from railtrace.store import store as store_mod
+    from tests.fixtures.otlp_fixtures import protobuf_body
+
+    calls: list[object] = []
+    monkeypatch.setattr(store_mod, "bound_sqlite_wal", calls.append)  # type: ignore[attr-defined]
+    engine = make_engine(f"sqlite:///{tmp_path / 'railtrace.db'}")
+    try:
+        migrate(engine)
+        Store(engine).insert_batches([prepare(protobuf_body("pd-rdma-happy-path"))])
+        assert calls == [engine]
+    finally:
+        engine.dispose()
