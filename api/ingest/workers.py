@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 # How often a child sends what it counted: a request is counted in the serve process's
 # /metrics at most this long after its summary is stored.
 RELAY_INTERVAL_S = 0.01
+# Young-generation collection threshold of an assembly process (see `_child_main`).
+ASSEMBLY_GC_THRESHOLD = 20_000
 
 
 class RecordedMetrics(Metrics):
@@ -87,6 +89,11 @@ def _child_main(settings_data: dict[str, Any], out: Any, stop: Any, index: int) 
     # What start-up built lives as long as the child: keep the collector from walking it on
     # every full collection (a few per cent of assembly, measured with callgrind).
     gc.freeze()
+    # Assembly makes and drops many small objects per request (spans, attribute dicts); the
+    # default young-generation threshold (700) collected several times per request. Cycles
+    # among them are rare, so collecting less often costs little memory; with start-up frozen
+    # too, 6 % fewer instructions per assembled request (1.80M -> 1.69M, callgrind).
+    gc.set_threshold(ASSEMBLY_GC_THRESHOLD, 50, 100)
     assembler.start()
     parent = os.getppid()
     try:
