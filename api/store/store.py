@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -38,7 +39,7 @@ from sqlalchemy.sql import Executable
 
 from railtrace.model import RequestSummary, Span
 from railtrace.normalize import normalize_span
-from railtrace.store.engine import bound_sqlite_wal, is_sqlite
+from railtrace.store.engine import SqliteWriters, bound_sqlite_wal, is_sqlite
 from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
 from railtrace.store.rollup import DIMENSIONS, REQUEST_COLUMNS, RollupDelta, hour_of
 from railtrace.store.rollup import read as rollup_read
@@ -88,6 +89,8 @@ class Store:
         self.engine = engine
         self.sqlite = is_sqlite(engine)
         self._q = _statements(self.sqlite)
+        # Writers of a SQLite file take turns through a lock that wakes the next at once.
+        self._writers = SqliteWriters(engine.url.database or "") if self.sqlite else None
         p = "?" if self.sqlite else "%s"
         self._known_resources: set[int] = set()
         # Resources read back, by id. A row never changes (its id is a hash of its content) and
@@ -121,6 +124,22 @@ class Store:
         self._last_received_ns = now
         return now
 
+    @contextlib.contextmanager
+    def _turn(self) -> Iterator[None]:
+        """This writer's turn among the SQLite file's writers (`SqliteWriters`); PostgreSQL
+        needs none."""
+        if self._writers is None:
+            yield
+        else:
+            with self._writers.turn():
+                yield
+
+    @contextlib.contextmanager
+    def _begin(self) -> Iterator[Connection]:
+        """A write transaction, in this writer's turn."""
+        with self._turn(), self.engine.begin() as conn:
+            yield conn
+
     def insert_batches(self, batches: Sequence[RowBatch]) -> InsertResult:
         """Insert the span chunks of several export calls in one transaction (group commit).
 
@@ -146,7 +165,25 @@ class Store:
                     new_resources[rid] = blob
         if not rows:
             return InsertResult(0, 0)
-        with self.engine.begin() as conn:
+        with self._turn():  # the commit and, when due, the WAL checkpoint in one turn
+            counts = self._insert(rows, new_resources, keys, received)
+            if self.sqlite:
+                bound_sqlite_wal(self.engine)  # the one writer of spans keeps the WAL bounded
+        if len(self._known_resources) > MAX_KNOWN_RESOURCES:
+            self._known_resources.clear()
+        self._known_resources.update(new_resources)
+        inserted = sum(counts.values())
+        return InsertResult(inserted, total - inserted)
+
+    def _insert(
+        self,
+        rows: list[list[Any]],
+        new_resources: dict[int, bytes],
+        keys: set[tuple[str, str]],
+        received: int,
+    ) -> Counter[str]:
+        """The transaction of `insert_batches`; returns the spans written per trace."""
+        with self._begin() as conn:
             if new_resources:
                 conn.exec_driver_sql(self._sql_resource, list(new_resources.items()))
             new = self._insert_chunks(conn, rows)
@@ -175,13 +212,7 @@ class Store:
                     self._sql_trace,
                     [(tid, received, received, n, tid in roots) for tid, n in sorted(counts.items())],
                 )
-        if len(self._known_resources) > MAX_KNOWN_RESOURCES:
-            self._known_resources.clear()
-        self._known_resources.update(new_resources)
-        if self.sqlite:
-            bound_sqlite_wal(self.engine)  # the one writer of spans keeps the WAL bounded
-        inserted = sum(counts.values())
-        return InsertResult(inserted, total - inserted)
+        return counts
 
     def _insert_chunks(self, conn: Connection, rows: list[list[Any]]) -> int:
         """Insert chunk rows, skipping ones already stored; returns how many were new (more than
@@ -271,7 +302,7 @@ class Store:
             "limit": limit,
             "skip": listed(skip, self.sqlite),
         }
-        with self.engine.begin() as conn:
+        with self._begin() as conn:
             rows = conn.execute(self._q.claim_ready, params).all()
         rows.sort(key=lambda r: (r[1], r[0]))
         return [DirtyTrace(r[0], r[1], r[2], r[3] is not None) for r in rows]
@@ -283,7 +314,7 @@ class Store:
         if not ids:
             return set()
         params = {"ids": listed(ids, self.sqlite), "owner": owner, "now": now_ns, "until": now_ns + lease_ns}
-        with self.engine.begin() as conn:
+        with self._begin() as conn:
             return set(conn.execute(self._q.claim, params).scalars())
 
     def release(self, owner: str, trace_ids: Iterable[str]) -> None:
@@ -291,7 +322,7 @@ class Store:
         ids = sorted(set(trace_ids))
         if not ids:
             return
-        with self.engine.begin() as conn:
+        with self._begin() as conn:
             _release(conn, owner, ids, self.sqlite)
 
     def count_dirty(self) -> int:
@@ -407,7 +438,7 @@ class Store:
         the trace dirty again. `owner`'s leases on every trace of `groups` are given up.
         """
         built = [_request_rows(g.summaries, now_ns) for g in groups]
-        with self.engine.begin() as conn:
+        with self._begin() as conn:
             speculative = {t: seen for g in groups if g.speculative for t, seen in g.marks.items()}
             unchanged = _unchanged(conn, speculative) if speculative else set()
             keep = [not g.speculative or g.marks.keys() <= unchanged for g in groups]
@@ -535,7 +566,7 @@ class Store:
     def delete_older_than(self, cutoff_ns: int, batch: int = 500) -> int:
         """Delete one bounded batch of traces (spans, request rows) last touched before `cutoff_ns`.
         Returns how many traces went; call again until 0."""
-        with self.engine.begin() as conn:
+        with self._begin() as conn:
             ids = [
                 r[0]
                 for r in conn.execute(

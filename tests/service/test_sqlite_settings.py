@@ -122,3 +122,85 @@ def test_the_span_writer_bounds_the_wal_after_each_commit(tmp_path: Path, monkey
         assert calls == [engine]
     finally:
         engine.dispose()
+
+
+def test_writers_take_turns_across_instances_and_reenter_within_a_thread(tmp_path: Path) -> None:
+    """Two gates on one file (as two processes have) never hold a turn at once; a thread that
+    has its turn can enter again; a turn ended by an exception is given up."""
+    import threading
+    import time
+
+    from railtrace.store.engine import SqliteWriters
+
+    database = str(tmp_path / "railtrace.db")
+    gates = [SqliteWriters(database), SqliteWriters(database)]
+    inside: list[int] = []
+    overlaps: list[int] = []
+    done = 0
+
+    def write(gate: SqliteWriters) -> None:
+        nonlocal done
+        for _ in range(300):
+            with gate.turn():
+                inside.append(1)
+                time.sleep(0.0002)  # let the other writer run, as a process would
+                if len(inside) > 1:
+                    overlaps.append(len(inside))
+                with gate.turn():  # reentrant
+                    pass
+                inside.pop()
+                done += 1
+
+    threads = [threading.Thread(target=write, args=(g,)) for g in gates]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert done == 600 and not overlaps
+
+    try:
+        with gates[0].turn():
+            raise RuntimeError("a failed write")
+    except RuntimeError:
+        pass
+    taken = threading.Event()
+
+    def take() -> None:
+        with gates[1].turn():
+            taken.set()
+
+    other = threading.Thread(target=take)
+    other.start()
+    other.join(timeout=10)
+    assert taken.is_set()
+
+
+def test_every_store_write_takes_a_turn_on_sqlite_and_none_on_postgresql(db_url: str) -> None:
+    from railtrace.ingest.writer import prepare
+    from railtrace.store import Store, migrate
+    from tests.fixtures.otlp_fixtures import protobuf_body
+
+    engine = make_engine(db_url)
+    try:
+        migrate(engine)
+        store = Store(engine)
+        if not db_url.startswith("sqlite"):
+            assert store._writers is None
+            return
+        turns = 0
+        real = store._writers.turn  # type: ignore[union-attr]
+
+        def counted() -> object:
+            nonlocal turns
+            turns += 1
+            return real()
+
+        store._writers.turn = counted  # type: ignore[union-attr,method-assign]
+        store.insert_batches([prepare(protobuf_body("pd-rdma-happy-path"))])
+        assert turns == 2  # the commit inside the turn that also bounds the WAL
+        claimed = store.claim_ready("me", 2**62, 2**62, 0, 10**9, limit=10)
+        assert claimed and turns == 3
+        store.release("me", [t.trace_id for t in claimed])
+        assert turns == 4
+    finally:
+        engine.dispose()
