@@ -8,7 +8,8 @@ file the way the service's writer stores them (`prepare` + `Store.insert_batches
 process, not counted), then a child process run under `valgrind --tool=callgrind` assembles
 them all with the real assembler (`Assembler.run_once`, default pipeline, until nothing is
 left). (instructions(N2) - instructions(N1)) / (N2 - N1) cancels interpreter start-up and
-imports, leaving the cost of one more request.
+imports, leaving the cost of one more request. `--child-gc` assembles with the
+garbage-collector settings of an assembly process (`railtrace serve --assembly-processes N`).
 
     .venv/bin/python benchmarks/assembly/instructions.py --per-span
 
@@ -51,11 +52,14 @@ def store(url: str, requests: int) -> None:
     engine.dispose()
 
 
-def assemble(url: str) -> int:
-    """Assemble everything stored; returns how many requests were stored as summaries."""
+def assemble(url: str, child_gc: bool = False) -> int:
+    """Assemble everything stored; returns how many requests were stored as summaries.
+    `child_gc`: with the garbage-collector settings of an assembly process (`_child_main`)."""
+    import gc
     import time
 
     from railtrace.ingest.assembler import Assembler, default_pipeline
+    from railtrace.ingest.workers import ASSEMBLY_GC_THRESHOLD
     from railtrace.metrics import Metrics
     from railtrace.settings import Settings
     from railtrace.store import Store, make_engine
@@ -67,6 +71,9 @@ def assemble(url: str) -> int:
     assembler = Assembler(
         s, settings, Metrics(), default_pipeline(settings, TopologyHolder([str(FLEET)]).get)
     )
+    if child_gc:
+        gc.freeze()
+        gc.set_threshold(ASSEMBLY_GC_THRESHOLD, 50, 100)
     later = time.time_ns() + 3600 * 10**9
     while assembler.run_once(now_ns=later, limit=500):
         pass
@@ -173,6 +180,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, nargs=2, default=[128, 640], metavar=("N1", "N2"))
     ap.add_argument("--assemble", metavar="URL", help=argparse.SUPPRESS)  # the counted child
+    ap.add_argument(
+        "--child-gc", action="store_true", help="with the garbage-collector settings of an assembly process"
+    )
     ap.add_argument("--keep", help="write the callgrind files into this folder")
     ap.add_argument("--per-span", action="store_true", help="instead: instructions to read one stored span")
     ap.add_argument("--read", nargs=2, metavar=("PATH", "PASSES"), help=argparse.SUPPRESS)  # counted child
@@ -183,7 +193,7 @@ def main() -> int:
         print(pipeline_passes(args.passes[0], int(args.passes[1])))
         return 0
     if args.assemble:
-        print(assemble(args.assemble))
+        print(assemble(args.assemble, args.child_gc))
         return 0
     if args.read:
         print(read_spans(args.read[0], int(args.read[1])))
@@ -201,7 +211,8 @@ def main() -> int:
         for n in args.requests:
             url = f"sqlite:///{Path(tmp) / f'instr-{n}.db'}"
             store(url, n)
-            count, assembled = instructions(["--assemble", url], folder / f"callgrind.out.{n}")
+            child = ["--assemble", url, *(["--child-gc"] if args.child_gc else [])]
+            count, assembled = instructions(child, folder / f"callgrind.out.{n}")
             if int(assembled) != n:
                 raise RuntimeError(f"assembled {assembled} requests, not {n}")
             counts.append(count)
