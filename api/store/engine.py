@@ -23,15 +23,17 @@ def is_sqlite(engine: Engine) -> bool:
 
 
 SQLITE_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
-# Pages (of 4 KB) the WAL may hold before a commit copies them into the database file. SQLite's
-# default, 1,000, made the writer checkpoint every few commits; a page that ingest rewrites
-# often (an index leaf) is then copied once per checkpoint instead of once per few commits.
-# Measured: 1.1-1.3x the insert rate, growing with history (benchmarks/ingest/README.md).
+# Pages (of 4 KB) the WAL may hold before a commit of an assembly-only engine copies them into
+# the database file. SQLite's default, 1,000, made the writer checkpoint every few commits; a
+# page that ingest rewrites often (an index leaf) is then copied once per checkpoint instead of
+# once per few commits. Measured: 1.1-1.3x the insert rate, growing with history
+# (benchmarks/ingest/README.md). The span writer's engine has no automatic checkpoint: it runs
+# a passive one itself every 0.5 s, outside its writers' turn (`Store._checkpoint`).
 SQLITE_WAL_AUTOCHECKPOINT = 16384
 # `synchronous` of an engine that writes only derived state (see `make_engine`).
 DERIVED_SQLITE_SYNCHRONOUS = "NORMAL"
-# Bytes the WAL file may reach before the ingest writer checkpoints it to the end and starts it
-# afresh (`bound_sqlite_wal`): twice what the autocheckpoint aims at.
+# Bytes the WAL file may reach before the span writer checkpoints it to the end and starts it
+# afresh (`bound_sqlite_wal`): twice what an automatic checkpoint aims at.
 SQLITE_WAL_LIMIT_BYTES = 2 * SQLITE_WAL_AUTOCHECKPOINT * 4096
 
 
@@ -39,8 +41,9 @@ def bound_sqlite_wal(engine: Engine, limit_bytes: int | None = None) -> bool:
     """Checkpoint the whole WAL and truncate it once it has grown past `limit_bytes`; returns
     whether it did.
 
-    Why: the automatic checkpoint is passive. It copies only the frames that no reader still
-    needs, and SQLite starts the WAL afresh only after a checkpoint that reached its end. Under
+    Why: a passive checkpoint (SQLite's automatic one, or the span writer's) copies only the
+    frames that no reader still needs, and SQLite starts the WAL afresh only after a checkpoint
+    that reached its end. Under
     sustained ingest with assembly and the API reading all the time, that moment never comes:
     the WAL grew to 380 MB within a minute at 8,500 spans/s, and every page read searches the
     WAL's index, which grows with it, so assembly slowed down the longer the load lasted. A
@@ -60,6 +63,14 @@ def bound_sqlite_wal(engine: Engine, limit_bytes: int | None = None) -> bool:
     with engine.connect() as conn:
         conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
     return True
+
+
+def checkpoint_sqlite_wal(engine: Engine) -> tuple[int, int, int]:
+    """A passive checkpoint: copies what no reader still needs, never waits for anyone and
+    lets writers go on meanwhile; returns SQLite's (busy, frames in the WAL, frames copied)."""
+    with engine.connect() as conn:
+        busy, log_frames, copied = conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").one()
+    return int(busy), int(log_frames), int(copied)
 
 
 def make_engine(url: str, *, sqlite_synchronous: str = "FULL", derived_only: bool = False) -> Engine:
@@ -97,7 +108,8 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", derived_only: boo
             cur.execute(f"PRAGMA synchronous={sqlite_synchronous}")
             cur.execute("PRAGMA busy_timeout=10000")
             cur.execute("PRAGMA cache_size=-65536")
-            cur.execute(f"PRAGMA wal_autocheckpoint={SQLITE_WAL_AUTOCHECKPOINT}")
+            # The span writer checkpoints outside its writers' turn instead (`checkpoint_sqlite_wal`).
+            cur.execute(f"PRAGMA wal_autocheckpoint={SQLITE_WAL_AUTOCHECKPOINT if derived_only else 0}")
             cur.close()
 
         return engine

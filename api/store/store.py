@@ -39,7 +39,7 @@ from sqlalchemy.sql import Executable
 
 from railtrace.model import RequestSummary, Span
 from railtrace.normalize import normalize_span
-from railtrace.store.engine import SqliteWriters, bound_sqlite_wal, is_sqlite
+from railtrace.store.engine import SqliteWriters, bound_sqlite_wal, checkpoint_sqlite_wal, is_sqlite
 from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
 from railtrace.store.rollup import DIMENSIONS, REQUEST_COLUMNS, RollupDelta, hour_of
 from railtrace.store.rollup import read as rollup_read
@@ -49,6 +49,8 @@ from railtrace.store.spans import StoredResource, records_reader
 
 INSERT_COLUMNS = "trace_id, chunk_id, received_ns, span_count, body"
 MAX_KNOWN_RESOURCES = 100_000
+# Seconds between the span writer's passive WAL checkpoints (`Store._checkpoint`).
+CHECKPOINT_INTERVAL_S = 0.5
 _COPY_TYPES = ["text", "int8", "int8", "int4", "bytea"]
 
 
@@ -91,6 +93,7 @@ class Store:
         self._q = _statements(self.sqlite)
         # Writers of a SQLite file take turns through a lock that wakes the next at once.
         self._writers = SqliteWriters(engine.url.database or "") if self.sqlite else None
+        self._last_checkpoint = 0.0
         p = "?" if self.sqlite else "%s"
         self._known_resources: set[int] = set()
         # Resources read back, by id. A row never changes (its id is a hash of its content) and
@@ -123,6 +126,20 @@ class Store:
         now = max(time.time_ns(), self._last_received_ns + 1)
         self._last_received_ns = now
         return now
+
+    def _checkpoint(self) -> None:
+        """The span writer's share of keeping the WAL short, after its commit and outside its
+        turn: a passive checkpoint at most every CHECKPOINT_INTERVAL_S, so that the copying
+        happens while the other writers go on (SQLite's automatic checkpoint runs inside the
+        commit that crosses its threshold, and so inside that writer's turn: tens to hundreds
+        of milliseconds in which assembly could not store anything); and the WAL bound."""
+        now = time.monotonic()
+        if now - self._last_checkpoint < CHECKPOINT_INTERVAL_S:
+            return
+        self._last_checkpoint = now
+        checkpoint_sqlite_wal(self.engine)
+        with self._turn():
+            bound_sqlite_wal(self.engine)
 
     @contextlib.contextmanager
     def _turn(self) -> Iterator[None]:
@@ -165,10 +182,10 @@ class Store:
                     new_resources[rid] = blob
         if not rows:
             return InsertResult(0, 0)
-        with self._turn():  # the commit and, when due, the WAL checkpoint in one turn
+        with self._turn():
             counts = self._insert(rows, new_resources, keys, received)
-            if self.sqlite:
-                bound_sqlite_wal(self.engine)  # the one writer of spans keeps the WAL bounded
+        if self.sqlite:
+            self._checkpoint()
         if len(self._known_resources) > MAX_KNOWN_RESOURCES:
             self._known_resources.clear()
         self._known_resources.update(new_resources)

@@ -21,8 +21,13 @@ def test_every_connection_gets_the_settings(tmp_path: Path) -> None:
                 pragma = lambda name, c=conn: c.exec_driver_sql(f"PRAGMA {name}").scalar_one()  # noqa: E731
                 assert pragma("journal_mode") == "wal"
                 assert pragma("synchronous") == 2  # FULL
-                assert pragma("wal_autocheckpoint") == SQLITE_WAL_AUTOCHECKPOINT > 1000
+                # The span writer checkpoints outside its turn (Store._checkpoint), not in commits.
+                assert pragma("wal_autocheckpoint") == 0
                 assert pragma("busy_timeout") == 10000
+        derived = make_engine(f"sqlite:///{tmp_path / 'railtrace.db'}", derived_only=True)
+        with derived.connect() as conn:  # a process that only assembles still checkpoints
+            assert conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar_one() == SQLITE_WAL_AUTOCHECKPOINT
+        derived.dispose()
     finally:
         engine.dispose()
 
@@ -107,7 +112,9 @@ def test_the_wal_stays_bounded_while_readers_never_stop(tmp_path: Path, monkeypa
         engine.dispose()
 
 
-def test_the_span_writer_bounds_the_wal_after_each_commit(tmp_path: Path, monkeypatch: object) -> None:
+def test_the_span_writer_checkpoints_and_bounds_the_wal_after_its_commits(
+    tmp_path: Path, monkeypatch: object
+) -> None:
     from railtrace.ingest.writer import prepare
     from railtrace.store import Store, migrate
     from railtrace.store import store as store_mod
@@ -118,8 +125,14 @@ def test_the_span_writer_bounds_the_wal_after_each_commit(tmp_path: Path, monkey
     engine = make_engine(f"sqlite:///{tmp_path / 'railtrace.db'}")
     try:
         migrate(engine)
-        Store(engine).insert_batches([prepare(protobuf_body("pd-rdma-happy-path"))])
+        database = tmp_path / "railtrace.db"
+        before = database.stat().st_size  # no automatic checkpoint: the schema is in the WAL
+        store = Store(engine)
+        store.insert_batches([prepare(protobuf_body("pd-rdma-happy-path"))])
         assert calls == [engine]
+        assert database.stat().st_size > before  # the writer's passive checkpoint copied pages
+        store.insert_batches([prepare(protobuf_body("pd-tcp-fallback"))])
+        assert calls == [engine]  # not again within CHECKPOINT_INTERVAL_S
     finally:
         engine.dispose()
 
@@ -197,10 +210,10 @@ def test_every_store_write_takes_a_turn_on_sqlite_and_none_on_postgresql(db_url:
 
         store._writers.turn = counted  # type: ignore[union-attr,method-assign]
         store.insert_batches([prepare(protobuf_body("pd-rdma-happy-path"))])
-        assert turns == 2  # the commit inside the turn that also bounds the WAL
+        assert turns == 3  # the commit (its transaction reenters), then the WAL bound
         claimed = store.claim_ready("me", 2**62, 2**62, 0, 10**9, limit=10)
-        assert claimed and turns == 3
+        assert claimed and turns == 4
         store.release("me", [t.trace_id for t in claimed])
-        assert turns == 4
+        assert turns == 5
     finally:
         engine.dispose()
