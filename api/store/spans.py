@@ -87,12 +87,9 @@ def read_upb(trace_id: str, encoding: bytes, resource: dict[str, Any]) -> Span:
     return span_from_pb(trace_id, PbSpan.FromString(encoding), resource, normalize=False)
 
 
-def _read_c(trace_id: str, encoding: bytes, resource: dict[str, Any]) -> Span:
-    fields = _spandecode.decode(encoding, DEFAULT_DROP)  # type: ignore[union-attr]
-    if fields is None:  # something the C reader does not mirror: upb decides
-        return read_upb(trace_id, encoding, resource)
+def _span(trace_id: str, fields: tuple[Any, ...], res: StoredResource) -> Span:
+    """A `Span` from the C reader's fields and its prepared resource."""
     sid, parent, name, kind, start, end, code, message, attrs, events = fields
-    res = resource.get("resource", {})
     # Positional: a third of the cost of keywords, per span read. Order of `Span`'s fields.
     return Span(
         trace_id,
@@ -104,12 +101,19 @@ def _read_c(trace_id: str, encoding: bytes, resource: dict[str, Any]) -> Span:
         end,
         code,
         message,
-        service_name_of(res),
-        resource.get("scope", ""),
+        res.service_name,
+        res.scope,
         attrs,
-        res,
+        res.attributes,
         events,
     )
+
+
+def _read_c(trace_id: str, encoding: bytes, resource: dict[str, Any]) -> Span:
+    fields = _spandecode.decode(encoding, DEFAULT_DROP)  # type: ignore[union-attr]
+    if fields is None:  # something the C reader does not mirror: upb decides
+        return read_upb(trace_id, encoding, resource)
+    return _span(trace_id, fields, StoredResource.of(resource))
 
 
 def _records_upb(
@@ -132,25 +136,7 @@ def _records_c(
         if fields is None:  # something the C reader does not mirror: upb decides
             out.append(read_upb(trace_id, encoding, res.stored))
             continue
-        sid, parent, name, kind, start, end, code, message, attrs, events = fields
-        out.append(
-            Span(
-                trace_id,
-                sid,
-                parent,
-                name,
-                kind,
-                start,
-                end,
-                code,
-                message,
-                res.service_name,
-                res.scope,
-                attrs,
-                res.attributes,
-                events,
-            )
-        )
+        out.append(_span(trace_id, fields, res))
     return out
 
 
