@@ -5,20 +5,20 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
 
-def is_sqlite(engine: Engine) -> bool:
+def is_sqlite(engine: Engine | Connection) -> bool:
     return engine.dialect.name == "sqlite"
 
 
@@ -32,45 +32,37 @@ SQLITE_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 SQLITE_WAL_AUTOCHECKPOINT = 16384
 # `synchronous` of an engine that writes only derived state (see `make_engine`).
 DERIVED_SQLITE_SYNCHRONOUS = "NORMAL"
-# Bytes the WAL file may reach before the span writer checkpoints it to the end and starts it
-# afresh (`bound_sqlite_wal`): twice what an automatic checkpoint aims at.
-SQLITE_WAL_LIMIT_BYTES = 2 * SQLITE_WAL_AUTOCHECKPOINT * 4096
+# Frames (pages) the WAL may still hold after the span writer's passive checkpoint before it
+# checkpoints the WAL to its end and truncates it (`checkpoint_sqlite_wal`): twice what an
+# automatic checkpoint aims at, 128 MB.
+SQLITE_WAL_LIMIT_FRAMES = 2 * SQLITE_WAL_AUTOCHECKPOINT
 
 
-def bound_sqlite_wal(engine: Engine, limit_bytes: int | None = None) -> bool:
-    """Checkpoint the whole WAL and truncate it once it has grown past `limit_bytes`; returns
-    whether it did.
+def checkpoint_sqlite_wal(
+    engine: Engine,
+    turn: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    limit_frames: int | None = None,
+) -> bool:
+    """A passive checkpoint, and a truncating one if the WAL has grown past `limit_frames`
+    (default `SQLITE_WAL_LIMIT_FRAMES`); returns whether it truncated.
 
-    Why: a passive checkpoint (SQLite's automatic one, or the span writer's) copies only the
-    frames that no reader still needs, and SQLite starts the WAL afresh only after a checkpoint
-    that reached its end. Under
-    sustained ingest with assembly and the API reading all the time, that moment never comes:
-    the WAL grew to 380 MB within a minute at 8,500 spans/s, and every page read searches the
-    WAL's index, which grows with it, so assembly slowed down the longer the load lasted. A
-    TRUNCATE checkpoint waits (busy timeout) for the readers of older snapshots to finish,
-    copies what the passive ones left, and empties the file; writers wait meanwhile, which is
-    short because the passive checkpoints have copied nearly everything already.
+    The passive checkpoint copies what no reader still needs, never waits for anyone and lets
+    writers go on meanwhile. But SQLite starts the WAL afresh only after a checkpoint that
+    reached its end, and under sustained ingest with assembly and the API reading all the time
+    that moment may never come: the WAL grew to 380 MB within a minute at 8,500 spans/s, and
+    every page read searches the WAL's index, which grows with it, so assembly slowed down the
+    longer the load lasted. The TRUNCATE checkpoint, in the writer's `turn` because it holds
+    other writers out, waits (busy timeout) for the readers of older snapshots to finish,
+    copies what the passive one left and empties the file.
     """
-    path = engine.url.database
-    if not path:
-        return False
-    try:
-        size = os.path.getsize(f"{path}-wal")
-    except OSError:  # no WAL yet
-        return False
-    if size <= (SQLITE_WAL_LIMIT_BYTES if limit_bytes is None else limit_bytes):
-        return False
+    limit = SQLITE_WAL_LIMIT_FRAMES if limit_frames is None else limit_frames
     with engine.connect() as conn:
+        _busy, frames, _copied = conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").one()
+    if frames <= limit:
+        return False
+    with turn(), engine.connect() as conn:
         conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
     return True
-
-
-def checkpoint_sqlite_wal(engine: Engine) -> tuple[int, int, int]:
-    """A passive checkpoint: copies what no reader still needs, never waits for anyone and
-    lets writers go on meanwhile; returns SQLite's (busy, frames in the WAL, frames copied)."""
-    with engine.connect() as conn:
-        busy, log_frames, copied = conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").one()
-    return int(busy), int(log_frames), int(copied)
 
 
 def make_engine(url: str, *, sqlite_synchronous: str = "FULL", derived_only: bool = False) -> Engine:

@@ -39,7 +39,7 @@ from sqlalchemy.sql import Executable
 
 from railtrace.model import RequestSummary, Span
 from railtrace.normalize import normalize_span
-from railtrace.store.engine import SqliteWriters, bound_sqlite_wal, checkpoint_sqlite_wal, is_sqlite
+from railtrace.store.engine import SqliteWriters, checkpoint_sqlite_wal, is_sqlite
 from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
 from railtrace.store.rollup import DIMENSIONS, REQUEST_COLUMNS, RollupDelta, hour_of
 from railtrace.store.rollup import read as rollup_read
@@ -137,9 +137,7 @@ class Store:
         if now - self._last_checkpoint < CHECKPOINT_INTERVAL_S:
             return
         self._last_checkpoint = now
-        checkpoint_sqlite_wal(self.engine)
-        with self._turn():
-            bound_sqlite_wal(self.engine)
+        checkpoint_sqlite_wal(self.engine, self._turn)
 
     @contextlib.contextmanager
     def _turn(self) -> Iterator[None]:
@@ -605,17 +603,13 @@ class Store:
             conn.execute(text("SELECT 1"))
 
 
-def _sqlite(conn: Connection) -> bool:
-    return conn.dialect.name == "sqlite"
-
-
 def _delete_requests(conn: Connection, trace_ids: Sequence[str], delta: RollupDelta) -> None:
     """Delete these request rows and their flags, subtracting what they had added to the
     rollup (the columns come back from the DELETE itself, so a row two writers race to
     delete is subtracted only by the one that deleted it)."""
     if not trace_ids:
         return
-    sqlite = _sqlite(conn)
+    sqlite = is_sqlite(conn)
     q, ids = _statements(sqlite), {"ids": listed(trace_ids, sqlite)}
     flag_rows = conn.execute(q.delete_flags, ids).mappings().all()
     old = conn.execute(q.delete_requests, ids).mappings().all()
@@ -630,7 +624,7 @@ def _unchanged(conn: Connection, marks: dict[str, int]) -> set[str]:
     """The traces of `marks` whose last arrival is still the one seen. Every row of `marks`
     is locked by a no-op write (held to the end of the transaction) and its last arrival
     read back from that write, so a span committed after the check waits for this commit."""
-    sqlite = _sqlite(conn)
+    sqlite = is_sqlite(conn)
     rows = conn.execute(_statements(sqlite).lock_traces, {"ids": listed(marks, sqlite)})
     return {tid for tid, last in rows if marks[tid] == last}
 

@@ -5,6 +5,7 @@ stored spans, commits without waiting for the disk, on both databases."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 from railtrace.server.runtime import Runtime
@@ -69,59 +70,54 @@ def test_the_assembler_thread_writes_through_the_derived_state_engine(db_url: st
         runtime.stop()
 
 
-def test_the_wal_stays_bounded_while_readers_never_stop(tmp_path: Path, monkeypatch: object) -> None:
-    """Readers that always overlap keep the passive autocheckpoint from ever starting the WAL
-    afresh; the writer's bound must, or the WAL (and every page read) grows with the load."""
-    import threading
+def test_a_wal_that_readers_kept_from_starting_afresh_is_truncated(tmp_path: Path) -> None:
+    """A reader on an old snapshot keeps the passive checkpoint from copying the newer frames,
+    so the WAL grows past the bound; once that reader is done, the span writer's checkpoint
+    copies everything and empties the file. Under the bound it leaves the WAL alone."""
+    from railtrace.store.engine import checkpoint_sqlite_wal
 
-    from railtrace.store import engine as engine_mod
-
-    limit = 256 * 1024
-    monkeypatch.setattr(engine_mod, "SQLITE_WAL_LIMIT_BYTES", limit)  # type: ignore[attr-defined]
-    url = f"sqlite:///{tmp_path / 'railtrace.db'}"
-    engine = make_engine(url)
+    engine = make_engine(f"sqlite:///{tmp_path / 'railtrace.db'}")
     wal = tmp_path / "railtrace.db-wal"
-    stop = threading.Event()
-
-    def read_forever() -> None:  # two connections taking turns: one read is always open
-        with engine.connect() as a, engine.connect() as b:
-            while not stop.is_set():
-                for first, second in ((a, b), (b, a)):
-                    first.exec_driver_sql("SELECT count(*) FROM t").scalar_one()
-                    second.rollback()
-                    second.exec_driver_sql("SELECT count(*) FROM t").scalar_one()
-                    first.rollback()
-
     try:
         with engine.begin() as conn:
             conn.exec_driver_sql("CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)")
-        reader = threading.Thread(target=read_forever, daemon=True)
-        reader.start()
-        largest, truncations = 0, 0
-        for _ in range(200):  # ~4 MB of commits
-            with engine.begin() as conn:
-                conn.exec_driver_sql("INSERT INTO t (body) VALUES (randomblob(20000))")
-            truncations += engine_mod.bound_sqlite_wal(engine)
-            largest = max(largest, wal.stat().st_size)
-        stop.set()
-        reader.join(timeout=10)
-        assert truncations >= 5
-        assert largest <= limit + 64 * 1024  # at most one commit past the bound
+        reader = sqlite3.connect(tmp_path / "railtrace.db", isolation_level=None)
+        try:
+            reader.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM t").fetchone()  # holds its snapshot
+            for _ in range(100):  # ~2 MB of commits, each followed by the writer's checkpoint
+                with engine.begin() as conn:
+                    conn.exec_driver_sql("INSERT INTO t (body) VALUES (randomblob(20000))")
+                assert not checkpoint_sqlite_wal(engine)  # far under the default bound
+            grown = wal.stat().st_size
+            assert grown > 64 * 4096
+            reader.execute("ROLLBACK")
+        finally:
+            reader.close()
+        assert not checkpoint_sqlite_wal(engine, limit_frames=10**6)  # under this bound: kept
+        assert wal.stat().st_size == grown
+        assert checkpoint_sqlite_wal(engine, limit_frames=64)  # past it: copied and truncated
+        assert wal.stat().st_size == 0
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT count(*) FROM t").scalar_one() == 100
     finally:
-        stop.set()
         engine.dispose()
 
 
-def test_the_span_writer_checkpoints_and_bounds_the_wal_after_its_commits(
-    tmp_path: Path, monkeypatch: object
-) -> None:
+def test_the_span_writer_checkpoints_the_wal_after_its_commits(tmp_path: Path, monkeypatch: object) -> None:
     from railtrace.ingest.writer import prepare
     from railtrace.store import Store, migrate
     from railtrace.store import store as store_mod
     from tests.fixtures.otlp_fixtures import protobuf_body
 
+    real = store_mod.checkpoint_sqlite_wal
     calls: list[object] = []
-    monkeypatch.setattr(store_mod, "bound_sqlite_wal", calls.append)  # type: ignore[attr-defined]
+
+    def recorded(engine: object, turn: object) -> bool:
+        calls.append(engine)
+        return real(engine, turn)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store_mod, "checkpoint_sqlite_wal", recorded)  # type: ignore[attr-defined]
     engine = make_engine(f"sqlite:///{tmp_path / 'railtrace.db'}")
     try:
         migrate(engine)
@@ -210,10 +206,10 @@ def test_every_store_write_takes_a_turn_on_sqlite_and_none_on_postgresql(db_url:
 
         store._writers.turn = counted  # type: ignore[union-attr,method-assign]
         store.insert_batches([prepare(protobuf_body("pd-rdma-happy-path"))])
-        assert turns == 3  # the commit (its transaction reenters), then the WAL bound
+        assert turns == 2  # the commit's turn, which its transaction enters again
         claimed = store.claim_ready("me", 2**62, 2**62, 0, 10**9, limit=10)
-        assert claimed and turns == 4
+        assert claimed and turns == 3
         store.release("me", [t.trace_id for t in claimed])
-        assert turns == 5
+        assert turns == 4
     finally:
         engine.dispose()
