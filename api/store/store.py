@@ -31,6 +31,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -508,24 +509,19 @@ class Store:
 
     def get_request(self, ident: str) -> dict[str, Any] | None:
         """A summary by trace id (primary or stitched) or by request id."""
-        with self.engine.connect() as conn:
-            blob = conn.execute(select(requests.c.summary).where(requests.c.trace_id == ident)).scalar()
-            if blob is None:
-                primary = conn.execute(
-                    select(traces.c.request_trace_id).where(traces.c.trace_id == ident)
-                ).scalar()
-                if primary:
-                    blob = conn.execute(
-                        select(requests.c.summary).where(requests.c.trace_id == primary)
-                    ).scalar()
-            if blob is None:
-                blob = conn.execute(
-                    select(requests.c.summary)
-                    .where(requests.c.request_id == ident)
-                    .order_by(requests.c.start_ns.desc())
-                    .limit(1)
-                ).scalar()
+        blob = self.get_request_json(ident)
         return orjson.loads(blob) if blob is not None else None
+
+    def get_request_json(self, ident: str) -> bytes | None:
+        """The stored JSON of `get_request`, as stored: the API answers with it unparsed.
+
+        One statement for the three ways an id can name a request (its primary trace, a
+        stitched trace of it, its request id), in that order of preference: the detail
+        endpoint is what a dashboard polls, mostly for requests not assembled yet.
+        """
+        with self.engine.connect() as conn:
+            blob = conn.execute(self._q.summary_by_ident, {"ident": ident}).scalar()
+        return bytes(blob) if blob is not None else None
 
     def trace_exists(self, trace_id: str) -> bool:
         with self.engine.connect() as conn:
@@ -951,6 +947,21 @@ class _Statements:
             delete(request_flags).where(ids(f.trace_id)).returning(f.flag, f.start_ns, f.trace_id)
         )
         self.delete_requests = delete(requests).where(ids(r.trace_id)).returning(*REQUEST_COLUMNS)
+        by_primary = select(r.summary, literal_column("0").label("pref")).where(r.trace_id == bindparam("ident"))
+        by_stitched = (
+            select(r.summary, literal_column("1").label("pref"))
+            .join(traces, t.request_trace_id == r.trace_id)
+            .where(t.trace_id == bindparam("ident"))
+        )
+        by_request_id = (
+            select(r.summary, literal_column("2").label("pref"))
+            .where(r.request_id == bindparam("ident"))
+            .order_by(r.start_ns.desc())
+            .limit(1)
+            .subquery()
+        )
+        found = union_all(by_primary, by_stitched, select(by_request_id)).subquery()
+        self.summary_by_ident = select(found.c.summary).order_by(found.c.pref).limit(1)
         # A no-op write locks each row; its last arrival is read back from the write.
         self.lock_traces = (
             update(traces)

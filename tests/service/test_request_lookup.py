@@ -1,0 +1,99 @@
+"""`GET /api/v1/requests/{id}` finds a request by its primary trace, by a stitched trace of it
+or by its request id, in that order, in one statement, and answers with the summary exactly as
+stored (no parse and encode again), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import insert
+
+from railtrace.server.app import create_app
+from railtrace.store import Store, make_engine, migrate
+from railtrace.store.schema import requests, traces
+
+sys.path.insert(0, str(Path(__file__).parent))
+from service_helpers import settings_for, trace_id
+
+
+def _summary(primary: str, request_id: str | None, start_ns: int) -> bytes:
+    # A float that Python's json and orjson write differently shows the stored bytes are sent.
+    return orjson.dumps({"trace_id": primary, "request_id": request_id, "ttft_s": 1e-07, "start": start_ns})
+
+
+def _request_row(primary: str, request_id: str | None, start_ns: int) -> dict[str, object]:
+    return {
+        "trace_id": primary,
+        "request_id": request_id,
+        "start_ns": start_ns,
+        "path_class": "rdma_same_rail",
+        "transport": "rdma",
+        "flag_names": "",
+        "summary": _summary(primary, request_id, start_ns),
+        "updated_ns": start_ns,
+    }
+
+
+def _trace_row(tid: str, primary: str | None) -> dict[str, object]:
+    return {
+        "trace_id": tid,
+        "first_arrival_ns": 1,
+        "last_arrival_ns": 1,
+        "span_count": 1,
+        "has_root": True,
+        "dirty": False,
+        "late_spans": 0,
+        "request_trace_id": primary,
+    }
+
+
+@pytest.fixture
+def store(db_url: str) -> Store:
+    engine = make_engine(db_url)
+    migrate(engine)
+    s = Store(engine)
+    a, b, c = trace_id(1), trace_id(2), trace_id(3)
+    with engine.begin() as conn:
+        conn.execute(
+            insert(requests),
+            [
+                _request_row(a, "req-shared", 100),  # older request with the same request id
+                _request_row(c, "req-shared", 300),  # newest: what the request id finds
+                _request_row(trace_id(4), trace_id(1), 50),  # a request id that is another's trace id
+            ],
+        )
+        # b is a hop of request a that arrived in a trace of its own (stitched).
+        conn.execute(insert(traces), [_trace_row(a, a), _trace_row(b, a), _trace_row(c, c)])
+    return s
+
+
+def test_lookup_prefers_primary_then_stitched_then_request_id(store: Store) -> None:
+    def found(ident: str) -> tuple[str, int] | None:
+        summary = store.get_request(ident)
+        return (summary["trace_id"], summary["start"]) if summary else None
+
+    assert found(trace_id(1)) == (trace_id(1), 100)  # its own trace, not the request id naming it
+    assert found(trace_id(2)) == (trace_id(1), 100)  # a stitched hop finds its request
+    assert found("req-shared") == (trace_id(3), 300)  # newest request with that id
+    assert found(trace_id(9)) is None
+    assert found("") is None
+    assert store.get_request_json(trace_id(2)) == _summary(trace_id(1), "req-shared", 100)
+
+
+def test_detail_answers_with_the_stored_json(db_url: str, store: Store) -> None:
+    app = create_app(settings_for(db_url, quiet_period_s=60))
+    with TestClient(app) as client:
+        r = client.get(f"/api/v1/requests/{trace_id(2).upper()}")
+        assert r.status_code == 200
+        assert r.headers["content-type"] == "application/json"
+        assert r.content == _summary(trace_id(1), "req-shared", 100)
+        missing = client.get(f"/api/v1/requests/{trace_id(9)}")
+        assert missing.status_code == 404
+        assert "quiet period" in missing.json()["detail"]
+        assert client.get("/api/v1/requests/" + "x" * 300).status_code == 400
+        schema = client.get("/openapi.json").json()["paths"]["/api/v1/requests/{ident}"]["get"]
+        assert "application/json" in schema["responses"]["200"]["content"]
