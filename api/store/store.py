@@ -947,7 +947,9 @@ class _Statements:
             delete(request_flags).where(ids(f.trace_id)).returning(f.flag, f.start_ns, f.trace_id)
         )
         self.delete_requests = delete(requests).where(ids(r.trace_id)).returning(*REQUEST_COLUMNS)
-        by_primary = select(r.summary, literal_column("0").label("pref")).where(r.trace_id == bindparam("ident"))
+        by_primary = select(r.summary, literal_column("0").label("pref")).where(
+            r.trace_id == bindparam("ident")
+        )
         by_stitched = (
             select(r.summary, literal_column("1").label("pref"))
             .join(traces, t.request_trace_id == r.trace_id)
