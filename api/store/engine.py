@@ -30,8 +30,6 @@ SQLITE_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 # (benchmarks/ingest/README.md). The span writer's engine has no automatic checkpoint: it runs
 # a passive one itself every 0.5 s, outside its writers' turn (`Store._checkpoint`).
 SQLITE_WAL_AUTOCHECKPOINT = 16384
-# `synchronous` of an engine that writes only derived state (see `make_engine`).
-DERIVED_SQLITE_SYNCHRONOUS = "NORMAL"
 # Frames (pages) the WAL may still hold after the span writer's passive checkpoint before it
 # checkpoints the WAL to its end and truncates it (`checkpoint_sqlite_wal`): twice what an
 # automatic checkpoint aims at, 128 MB.
@@ -65,15 +63,27 @@ def checkpoint_sqlite_wal(
     return True
 
 
-def make_engine(url: str, *, sqlite_synchronous: str = "FULL", derived_only: bool = False) -> Engine:
+def commit_synchronous(journal_mode: str, wanted: str) -> str:
+    """The `synchronous` setting for a connection whose journal mode came out `journal_mode`:
+    `wanted` in WAL mode; FULL otherwise (a file system that cannot hold a WAL), where NORMAL
+    could leave a corrupt database after a power cut and nothing flushes a WAL afterwards."""
+    return wanted if journal_mode.lower() == "wal" else "FULL"
+
+
+def make_engine(url: str, *, sqlite_synchronous: str = "NORMAL", derived_only: bool = False) -> Engine:
     """An engine for `url`. SQLite gets WAL and a busy timeout; the parent folder is created.
 
-    SQLite `synchronous=FULL` makes every acknowledged commit survive power loss, not just a
-    process crash; group commit keeps the fsync count low, so the cost is small.
+    SQLite commits do not wait for the disk (`synchronous=NORMAL`, which in WAL mode cannot
+    corrupt the database on power loss, only lose the newest commits). What is acknowledged
+    is made durable by its writer: `Store.insert_batches` flushes the WAL to disk after its
+    commit (`SqliteWal`), outside its writers' turn, before any export of that commit is
+    answered: the same guarantee as `synchronous=FULL`, without holding every other writer
+    out for the fsync. If the file cannot be put in WAL mode, commits wait for the disk
+    (`FULL`) instead.
 
     `derived_only`: the engine writes only what can be derived again from stored spans
     (assembly: request summaries, dirty marks, leases), so its commits need not wait for the
-    disk -- SQLite `synchronous=NORMAL`, PostgreSQL `synchronous_commit=off`. Nothing
+    disk -- on PostgreSQL `synchronous_commit=off` (SQLite commits never wait, see above). Nothing
     acknowledged depends on them: both databases write the log in order, and the ingest
     writer's next durable commit flushes these with it; one lost to a power cut leaves its
     traces dirty, to be assembled again. Why: each assembly commit held SQLite's one write lock
@@ -82,8 +92,6 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", derived_only: boo
     """
     if sqlite_synchronous.upper() not in SQLITE_SYNCHRONOUS:
         raise ValueError(f"sqlite_synchronous must be one of {', '.join(SQLITE_SYNCHRONOUS)}")
-    if derived_only:
-        sqlite_synchronous = DERIVED_SQLITE_SYNCHRONOUS
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database in (None, "", ":memory:"):
@@ -96,8 +104,8 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", derived_only: boo
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute(f"PRAGMA synchronous={sqlite_synchronous}")
+            mode = cur.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            cur.execute(f"PRAGMA synchronous={commit_synchronous(mode, sqlite_synchronous)}")
             cur.execute("PRAGMA busy_timeout=10000")
             cur.execute("PRAGMA cache_size=-65536")
             # The span writer checkpoints outside its writers' turn instead (`checkpoint_sqlite_wal`).
@@ -158,6 +166,42 @@ class SqliteWriters:
                 self._local.depth = 0
         finally:
             os.close(fd)  # gives up the lock
+
+
+class SqliteWal:
+    """Flushes a SQLite file's WAL to disk: what makes the span writer's commits durable.
+
+    The span writer commits with `synchronous=NORMAL` in its writers' turn, then calls `sync`
+    after the turn and before answering the exports of that commit. Flushing the WAL file
+    flushes every frame committed to it so far, which is what `synchronous=FULL` does inside
+    the commit; but there the fsync (milliseconds, tens of them under load) held the write
+    lock, and every assembly process queued behind it. A WAL file new since the last call (it
+    is deleted when its last connection closes) has its directory flushed too, as SQLite does
+    for a new WAL file; a WAL that is gone was checkpointed into the database file and that
+    file flushed (SQLite syncs the database after a full checkpoint), so there is nothing to do.
+    """
+
+    def __init__(self, database: str) -> None:
+        self.path = f"{database}-wal"
+        self._inode: int | None = None
+
+    def sync(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            os.fsync(fd)
+            inode = os.fstat(fd).st_ino
+        finally:
+            os.close(fd)
+        if inode != self._inode:
+            directory = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+            self._inode = inode
 
 
 def alembic_config() -> Config:

@@ -40,7 +40,7 @@ from sqlalchemy.sql import Executable
 
 from railtrace.model import RequestSummary, Span
 from railtrace.normalize import normalize_span
-from railtrace.store.engine import SqliteWriters, checkpoint_sqlite_wal, is_sqlite
+from railtrace.store.engine import SqliteWal, SqliteWriters, checkpoint_sqlite_wal, is_sqlite
 from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
 from railtrace.store.rollup import DIMENSIONS, REQUEST_COLUMNS, RollupDelta, hour_of
 from railtrace.store.rollup import read as rollup_read
@@ -94,6 +94,8 @@ class Store:
         self._q = _statements(self.sqlite)
         # Writers of a SQLite file take turns through a lock that wakes the next at once.
         self._writers = SqliteWriters(engine.url.database or "") if self.sqlite else None
+        # SQLite commits do not wait for the disk; the span writer flushes the WAL after its turn.
+        self._wal = SqliteWal(engine.url.database or "") if self.sqlite else None
         self._last_checkpoint = 0.0
         p = "?" if self.sqlite else "%s"
         self._known_resources: set[int] = set()
@@ -183,7 +185,8 @@ class Store:
             return InsertResult(0, 0)
         with self._turn():
             counts = self._insert(rows, new_resources, keys, received)
-        if self.sqlite:
+        if self._wal is not None:
+            self._wal.sync()  # durable before any of these exports is answered
             self._checkpoint()
         if len(self._known_resources) > MAX_KNOWN_RESOURCES:
             self._known_resources.clear()

@@ -1,17 +1,24 @@
-"""The SQLite settings every connection of the embedded store must have: they are what makes an
-acknowledged commit durable (WAL, synchronous FULL) and what keeps the writer from
-checkpointing every few commits. Assembly's own engine, which writes only state derived from
-stored spans, commits without waiting for the disk, on both databases."""
+"""The SQLite settings every connection of the embedded store must have, and what makes an
+acknowledged commit durable: WAL, commits that do not wait for the disk (`synchronous=NORMAL`)
+and the span writer flushing the WAL itself after its writers' turn, before it answers; and
+what keeps the writer from checkpointing every few commits. Assembly's own engine, which
+writes only state derived from stored spans, commits without waiting for the disk, on both
+databases."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 from railtrace.server.runtime import Runtime
 from railtrace.settings import Settings
 from railtrace.store import make_engine
-from railtrace.store.engine import SQLITE_WAL_AUTOCHECKPOINT
+from railtrace.store.engine import SQLITE_WAL_AUTOCHECKPOINT, SqliteWal, commit_synchronous
 
 
 def test_every_connection_gets_the_settings(tmp_path: Path) -> None:
@@ -21,7 +28,7 @@ def test_every_connection_gets_the_settings(tmp_path: Path) -> None:
             for conn in (first, second):
                 pragma = lambda name, c=conn: c.exec_driver_sql(f"PRAGMA {name}").scalar_one()  # noqa: E731
                 assert pragma("journal_mode") == "wal"
-                assert pragma("synchronous") == 2  # FULL
+                assert pragma("synchronous") == 1  # NORMAL: the span writer flushes the WAL itself
                 # The span writer checkpoints outside its turn (Store._checkpoint), not in commits.
                 assert pragma("wal_autocheckpoint") == 0
                 assert pragma("busy_timeout") == 10000
@@ -33,6 +40,15 @@ def test_every_connection_gets_the_settings(tmp_path: Path) -> None:
         engine.dispose()
 
 
+def test_a_file_that_is_not_in_wal_mode_waits_for_the_disk_at_commit() -> None:
+    """NORMAL is safe only with a WAL: a file SQLite could not switch (another journal mode)
+    gets FULL. (A file system that refuses WAL is not available to a test; the rule is.)"""
+    assert commit_synchronous("wal", "NORMAL") == "NORMAL"
+    assert commit_synchronous("WAL", "OFF") == "OFF"
+    for mode in ("delete", "truncate", "persist", "memory", "off"):
+        assert commit_synchronous(mode, "NORMAL") == "FULL"
+
+
 def _commit_wait(engine: object) -> object:
     with engine.connect() as conn:  # type: ignore[attr-defined]
         if conn.dialect.name == "sqlite":
@@ -40,11 +56,12 @@ def _commit_wait(engine: object) -> object:
         return conn.exec_driver_sql("SHOW synchronous_commit").scalar_one()
 
 
-def test_only_the_derived_state_engine_skips_the_commit_wait(db_url: str) -> None:
+def test_commit_waits_of_the_ingest_and_derived_state_engines(db_url: str) -> None:
     sqlite = db_url.startswith("sqlite")
     ingest, derived = make_engine(db_url), make_engine(db_url, derived_only=True)
     try:
-        assert _commit_wait(ingest) == (2 if sqlite else "on")  # FULL: acknowledged means on disk
+        # SQLite: NORMAL, the span writer flushes the WAL after its commit (tested below).
+        assert _commit_wait(ingest) == (1 if sqlite else "on")
         assert _commit_wait(derived) == (1 if sqlite else "off")  # NORMAL / off
         with derived.connect() as a, derived.connect() as b:  # every pooled connection
             for conn in (a, b):
@@ -64,7 +81,7 @@ def test_the_assembler_thread_writes_through_the_derived_state_engine(db_url: st
     runtime = Runtime(Settings(db=db_url), pipeline=pipeline).start()
     try:
         assert runtime.assembler is not None
-        assert _commit_wait(runtime.engine) == (2 if db_url.startswith("sqlite") else "on")
+        assert _commit_wait(runtime.engine) == (1 if db_url.startswith("sqlite") else "on")
         assert _commit_wait(runtime.assembler.store.engine) == (1 if db_url.startswith("sqlite") else "off")
     finally:
         runtime.stop()
@@ -131,6 +148,69 @@ def test_the_span_writer_checkpoints_the_wal_after_its_commits(tmp_path: Path, m
         assert calls == [engine]  # not again within CHECKPOINT_INTERVAL_S
     finally:
         engine.dispose()
+
+
+def test_the_span_writer_flushes_the_wal_after_its_turn_and_before_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What makes an acknowledged commit durable with `synchronous=NORMAL`: `insert_batches`
+    (whose return is what the exports wait for) fsyncs the WAL file holding its commit, after
+    giving up its writers' turn; the first time, and whenever the WAL file is a new one, also
+    its directory. (Power loss itself is not available to a test; the order of the calls is.)"""
+    from railtrace.ingest.writer import prepare
+    from railtrace.store import Store, migrate
+    from railtrace.store import engine as engine_mod
+    from tests.fixtures.otlp_fixtures import protobuf_body
+
+    database = tmp_path / "railtrace.db"
+    engine = make_engine(f"sqlite:///{database}")
+    events: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        events.append("fsync " + ("wal" if target == f"{database}-wal" else Path(target).name))
+        real_fsync(fd)
+
+    try:
+        migrate(engine)
+        store = Store(engine)
+        real_turn = store._writers.turn  # type: ignore[union-attr]
+
+        depth = 0
+
+        @contextmanager
+        def turn() -> Iterator[None]:  # the outermost turn (the commit's transaction enters again)
+            nonlocal depth
+            with real_turn():
+                depth += 1
+                events.append("turn") if depth == 1 else None
+                try:
+                    yield
+                finally:
+                    depth -= 1
+                    events.append("turn over") if depth == 0 else None
+
+        store._writers.turn = turn  # type: ignore[union-attr,method-assign]
+        monkeypatch.setattr(engine_mod.os, "fsync", fsync)
+        store.insert_batches([prepare(protobuf_body("pd-rdma-happy-path"))])
+        # The commit, its turn given up, then the WAL and (a WAL new to this writer) its folder.
+        assert events[:4] == ["turn", "turn over", "fsync wal", f"fsync {tmp_path.name}"]
+        events.clear()
+        store.insert_batches([prepare(protobuf_body("pd-tcp-fallback"))])
+        assert events[:3] == ["turn", "turn over", "fsync wal"]  # the same WAL: no folder again
+        assert f"fsync {tmp_path.name}" not in events
+    finally:
+        engine.dispose()
+
+
+def test_a_wal_that_is_gone_needs_no_flush(tmp_path: Path) -> None:
+    """The WAL is deleted when its last connection closes, after a checkpoint that copied all of
+    it into the database file and flushed that file: nothing is left to make durable."""
+    wal = SqliteWal(str(tmp_path / "railtrace.db"))
+    wal.sync()  # no file: nothing to do, no error
+    (tmp_path / "railtrace.db-wal").write_bytes(b"")
+    wal.sync()
 
 
 def test_writers_take_turns_across_instances_and_reenter_within_a_thread(tmp_path: Path) -> None:
