@@ -154,3 +154,36 @@ def test_a_failed_store_loses_nothing(store: Store, db_url: str, monkeypatch: py
     assembler.run_once(now_ns=later)
     assert sorted(t for t, _ in _stored(store)) == [trace_id(1), trace_id(2)]
     assert _requests_counted(assembler) == 2
+
+
+def test_groups_coming_due_together_are_stored_in_one_transaction(
+    store: Store, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The running loop waits `PUBLISH_GATHER_S` past the first due time and stores every
+    group due by then at once: two ingest commits a few milliseconds apart make one storing
+    transaction, not two; a group due later than that waits for its own."""
+    from railtrace.ingest import assembler as assembler_mod
+
+    assembler = _assembler(store, db_url)
+    store.insert_batches([prepare(export_request([1]))])
+    time.sleep(0.005)
+    store.insert_batches([prepare(export_request([2]))])  # due 5 ms after the first
+    time.sleep(assembler_mod.PUBLISH_GATHER_S + 0.2)
+    store.insert_batches([prepare(export_request([3]))])  # due well after both
+    first = _trace(store, trace_id(1))["last_arrival_ns"] + int(QUIET_S * 1e9)
+    _sleep_until(first - int(LOOKAHEAD_S * 0.5 * 1e9))
+    assembler.run_once()
+    assert len(assembler._pending) == 3  # all three assembled ahead of their due times
+    stored: list[list[str]] = []
+    real = store.publish
+
+    def recorded(groups, now_ns, owner=None):  # type: ignore[no-untyped-def]
+        stored.append(sorted(t for g in groups for t in g.marks))
+        return real(groups, now_ns, owner=owner)
+
+    monkeypatch.setattr(store, "publish", recorded)
+    third = _trace(store, trace_id(3))["last_arrival_ns"] + int(QUIET_S * 1e9)
+    while time.time_ns() < third + int(0.1 * 1e9) and assembler._pending:
+        assembler._store_until_next_look()
+    assert stored == [[trace_id(1), trace_id(2)], [trace_id(3)]]
+    assert {t for t, _ in _stored(store)} == {trace_id(1), trace_id(2), trace_id(3)}
