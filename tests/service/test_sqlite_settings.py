@@ -184,12 +184,14 @@ def test_the_span_writer_flushes_the_wal_after_its_turn_and_before_it_returns(
             nonlocal depth
             with real_turn():
                 depth += 1
-                events.append("turn") if depth == 1 else None
+                if depth == 1:
+                    events.append("turn")
                 try:
                     yield
                 finally:
                     depth -= 1
-                    events.append("turn over") if depth == 0 else None
+                    if depth == 0:
+                        events.append("turn over")
 
         store._writers.turn = turn  # type: ignore[union-attr,method-assign]
         monkeypatch.setattr(engine_mod.os, "fsync", fsync)
@@ -209,8 +211,10 @@ def test_a_wal_that_is_gone_needs_no_flush(tmp_path: Path) -> None:
     it into the database file and flushed that file: nothing is left to make durable."""
     wal = SqliteWal(str(tmp_path / "railtrace.db"))
     wal.sync()  # no file: nothing to do, no error
+    assert wal._inode is None
     (tmp_path / "railtrace.db-wal").write_bytes(b"")
-    wal.sync()
+    wal.sync()  # a WAL again: flushed, and remembered so that its folder is flushed only once
+    assert wal._inode == (tmp_path / "railtrace.db-wal").stat().st_ino
 
 
 def test_writers_take_turns_across_instances_and_reenter_within_a_thread(tmp_path: Path) -> None:
