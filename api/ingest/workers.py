@@ -60,13 +60,6 @@ class RecordedMetrics(Metrics):
         return out
 
 
-def replay(metrics: Metrics, delta: Delta) -> None:
-    """Add a child's delta to the serve process's families: one merge per series touched in
-    the relay interval, not one update per observation, under the interpreter lock its
-    receivers need."""
-    metrics.merge(delta)
-
-
 def _child_main(settings_data: dict[str, Any], out: Any, stop: Any, index: int) -> None:
     """Entry point of one assembly process: the serve process's settings, its own engine."""
     from railtrace.ingest.assembler import Assembler, default_pipeline
@@ -155,7 +148,7 @@ class AssemblyWorkers:
         last_check = time.monotonic()
         while not self._stopping.is_set():
             with contextlib.suppress(queue_mod.Empty):
-                replay(self.metrics, self._queue.get(timeout=0.1))
+                self.metrics.merge(self._queue.get(timeout=0.1))
             if time.monotonic() - last_check >= 1.0:
                 last_check = time.monotonic()
                 for i, proc in enumerate(self._children):
@@ -178,7 +171,7 @@ class AssemblyWorkers:
             self._thread.join(5)
         while True:  # what the children sent last
             try:
-                replay(self.metrics, self._queue.get(timeout=0.2))
+                self.metrics.merge(self._queue.get(timeout=0.2))
             except queue_mod.Empty:
                 break
         self._queue.close()

@@ -1,7 +1,8 @@
 """Instructions per assembled request of the metric relay of `--assembly-processes`, counted by
 callgrind: what an assembly child spends counting a request (`RecordedMetrics`, as
 `Assembler._count` calls it) and taking and pickling its batches, and what the serve process
-spends unpickling and applying them (`replay`, under the interpreter lock its receivers need).
+spends unpickling and applying them (`Metrics.merge`, under the interpreter lock its receivers
+need; `workers.replay` in code before 2026-12-01).
 
     .venv/bin/python benchmarks/assembly/relay.py --requests 2048 --batch 16
 
@@ -73,8 +74,12 @@ def summaries(requests: int, folder: Path) -> Path:
 def run(path: str, phase: str, batch: int) -> int:
     """The counted child: load the summaries; with phase "child" or "serve" count them as an
     assembly child does; with "serve" also apply the batches as the serve process does."""
-    from railtrace.ingest.workers import RecordedMetrics, replay
+    from railtrace.ingest import workers
+    from railtrace.ingest.workers import RecordedMetrics
     from railtrace.metrics import Metrics
+
+    # Code before 2026-12-01 replayed recorded updates through `workers.replay`.
+    apply = getattr(workers, "replay", None) or Metrics.merge
     from railtrace_tracing import semconv
 
     seen = pickle.loads(Path(path).read_bytes())
@@ -89,7 +94,7 @@ def run(path: str, phase: str, batch: int) -> int:
     if phase == "serve":
         serving = Metrics()
         for data in sent:
-            replay(serving, pickle.loads(data))
+            apply(serving, pickle.loads(data))
     return len(seen)
 
 

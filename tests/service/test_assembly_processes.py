@@ -42,7 +42,7 @@ def test_children_assemble_count_in_metrics_and_are_restarted(db_url: str) -> No
 
 def test_recorded_updates_replay_to_the_same_exposition() -> None:
     """What a child records and the serve process replays equals counting in place."""
-    from railtrace.ingest.workers import RecordedMetrics, replay
+    from railtrace.ingest.workers import RecordedMetrics
     from railtrace.metrics import Metrics
 
     new = {
@@ -63,7 +63,7 @@ def test_recorded_updates_replay_to_the_same_exposition() -> None:
         target.request_assembled(later, new)
         target["llm_d_tracing_pending_requests"].set(7)
         target["llm_d_tracing_assembly_lag_seconds"].observe(2.1, exemplar={"trace_id": "a" * 32})
-    replay(replayed, recorded.take())
+    replayed.merge(recorded.take())
     assert recorded.take() == {}
 
     def samples(m: Metrics) -> list[str]:  # exposition without creation times

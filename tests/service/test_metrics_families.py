@@ -19,7 +19,7 @@ from prometheus_client import generate_latest as text_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
-from railtrace.ingest.workers import RecordedMetrics, replay
+from railtrace.ingest.workers import RecordedMetrics
 from railtrace.metrics import Metrics
 from railtrace_tracing import semconv
 
@@ -243,7 +243,7 @@ def test_merged_deltas_equal_counting_in_place(clock: list[float], accept: str |
     child, served = RecordedMetrics(), Metrics()
     for start in range(0, len(requests), batch):
         _count(child, requests[start : start + batch], clock, first=start)
-        replay(served, child.take())
+        served.merge(child.take())
     assert child.take() == {}
     _ingest(served)
 
@@ -269,7 +269,7 @@ def test_delta_carries_a_series_once_with_its_sum_and_latest_exemplar(clock: lis
 
     served = Metrics()
     served[semconv.M_INGEST_QUEUE].set(9)
-    replay(served, delta)
+    served.merge(delta)
     body = served.render(OPENMETRICS)[0].decode()
     assert (
         f'llm_d_tracing_requests_total{{model="m",path_class="unknown"}} 5.0 # {{trace_id="{4:032x}"}} 1.0'
@@ -285,8 +285,8 @@ def test_the_latest_exemplar_wins_across_children(clock: list[float]) -> None:
     second.request_assembled({"trace_id": "b" * 32, "ttft_s": 0.5}, None)
     clock[0] = 50.0
     first.request_assembled({"trace_id": "a" * 32, "ttft_s": 0.5}, None)
-    replay(served, second.take())
-    replay(served, first.take())
+    served.merge(second.take())
+    served.merge(first.take())
     body = served.render(OPENMETRICS)[0].decode()
     assert (
         f'llm_d_tracing_requests_total{{model="",path_class="unknown"}} 2.0 # {{trace_id="{"b" * 32}"}}'
@@ -308,8 +308,8 @@ def test_counting_while_deltas_are_taken_loses_nothing() -> None:
 
     def take_until_done() -> None:
         while not done.is_set():
-            replay(served, child.take())
-        replay(served, child.take())
+            served.merge(child.take())
+        served.merge(child.take())
 
     reader = threading.Thread(target=take_until_done)
     reader.start()
