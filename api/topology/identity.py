@@ -116,8 +116,9 @@ def resolve_endpoint(
         hit = (out.pod, out.node, out.gpu, out.nic, out.rail, tuple(notes))
         if len(cache) < MAX_RESOLVED:
             cache[key] = hit
-    pod, node, gpu, nic, rail, known = hit
-    return Endpoint(pod, node, gpu, nic, rail, ep.address, ep.host, ep.service, ep.span_id), list(known)
+    out = ep.copy()
+    out.pod, out.node, out.gpu, out.nic, out.rail, known = hit
+    return out, list(known)
 
 
 def _resolve_endpoint(topology: Topology, ep: Endpoint, local_gpu: str | None) -> tuple[Endpoint, list[str]]:
