@@ -411,21 +411,16 @@ class Probe:
     rtt: float | None = None  # how long the poll that found it took
 
 
-KICK_AFTER_S = 0.05  # probes acknowledged this soon after a found one share its group commit
-KICK_MAX = 64  # probes behind the window that a find can send polling at once
-
-
 class Poller:
     """Threads polling `GET /api/v1/requests/{id}` for the sampled requests, oldest first.
 
     Requests are assembled oldest arrival first, so polling every waiting request would mostly
     ask for ones that cannot be there yet and load the service it measures. Instead the oldest
     waiting probe (the head) is polled every `interval`; the next `window - 1` are polled when
-    they enter the window, then every `slow`. A batch of summaries lands together: when a probe
-    is found, every waiting probe acknowledged no later than `KICK_AFTER_S` after it (the same
-    group commit, or older) is polled at once, by as many threads as there are, wherever it
-    stands in the queue. Each probe's resolution is the time between its last unanswered poll
-    and the answer that found it; probes found on their first poll have none.
+    they enter the window, then every `slow`, and at once whenever a probe is found (a batch of
+    summaries lands together), so each is found within a round trip or two. Each probe's
+    resolution is the time between its last unanswered poll and the answer that found it;
+    probes found on their first poll have none.
     """
 
     def __init__(self, base: str, threads: int, interval: float, window: int, slow: float, give_up: float):
@@ -439,7 +434,6 @@ class Poller:
         self.cond = threading.Condition()
         self.closing = False
         self.seq = 0
-        self.kicked = 0  # probes marked to be polled at once
         self.workers = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
         for w in self.workers:
             w.start()
@@ -470,16 +464,10 @@ class Poller:
     def _pick(self, now: float) -> tuple[Probe | None, float]:
         """The next probe due (under the lock), else how long until one is."""
         wait = 0.05
-        for rank, (_, _, p) in enumerate(self.waiting[: self.window + KICK_MAX]):
-            if rank >= self.window and not p.kick:
-                if self.kicked == 0:
-                    break
-                continue
+        for rank, (_, _, p) in enumerate(self.waiting[: self.window]):
             if id(p) in self.busy:
                 continue
             if now - p.start > self.give_up:
-                if p.kick:
-                    self.kicked -= 1
                 self.waiting.pop(rank)
                 self.missing.append(p)
                 return None, 0.0
@@ -500,8 +488,6 @@ class Poller:
                             return
                         probe, wait = self._pick(time.monotonic())
                         if probe is not None:
-                            if probe.kick:
-                                self.kicked -= 1
                             probe.kick = False
                             self.busy.add(id(probe))
                             break
@@ -525,12 +511,8 @@ class Poller:
                         probe.flags = len(r.json().get("flags") or [])
                         self.done.append(probe)
                         self.waiting = [w for w in self.waiting if w[2] is not probe]
-                        for rank, (acked, _, p) in enumerate(self.waiting[: self.window + KICK_MAX]):
-                            if rank >= self.window and acked > probe.acked + KICK_AFTER_S:
-                                break
-                            if not p.kick and id(p) not in self.busy:
-                                p.kick = True  # likely in the same batch: ask at once
-                                self.kicked += 1
+                        for _, _, p in self.waiting[: self.window]:
+                            p.kick = True  # likely in the same batch: ask at once
                         self.cond.notify_all()
                         continue
                     if r is not None and r.status_code != 404:
@@ -1046,7 +1028,7 @@ def main() -> int:
     lat.add_argument("--seconds", type=float, default=60.0, help="seconds of paced load")
     lat.add_argument("--senders", type=int, default=8, help="threads sending the paced calls")
     lat.add_argument("--sample", type=int, default=32, help="poll every Nth request")
-    lat.add_argument("--pollers", type=int, default=8, help="threads polling the API")
+    lat.add_argument("--pollers", type=int, default=4, help="threads polling the API")
     lat.add_argument("--poll-interval", type=float, default=0.02, help="seconds between polls of one request")
     lat.add_argument("--poll-window", type=int, default=4, help="oldest waiting probes being polled")
     lat.add_argument("--poll-slow", type=float, default=0.1, help="poll interval behind the oldest probe")
