@@ -165,12 +165,20 @@ def test_groups_coming_due_together_are_stored_in_one_transaction(
     from railtrace.ingest import assembler as assembler_mod
 
     assembler = _assembler(store, db_url)
-    store.insert_batches([prepare(export_request([1]))])
-    time.sleep(0.005)
-    store.insert_batches([prepare(export_request([2]))])  # due 5 ms after the first
-    time.sleep(assembler_mod.PUBLISH_GATHER_S + 0.2)
-    store.insert_batches([prepare(export_request([3]))])  # due well after both
-    first = _trace(store, trace_id(1))["last_arrival_ns"] + int(QUIET_S * 1e9)
+    for n in (1, 2, 3):
+        store.insert_batches([prepare(export_request([n]))])
+    # Arrival times set exactly, so that a stalled test machine cannot move them apart: the
+    # second 5 ms after the first, the third well past the gathering window.
+    arrived = time.time_ns()
+    gather_ns = int(assembler_mod.PUBLISH_GATHER_S * 1e9)
+    with store.engine.begin() as conn:
+        for n, offset in ((1, 0), (2, 5_000_000), (3, gather_ns + 200_000_000)):
+            conn.execute(
+                traces_table.update()
+                .where(traces_table.c.trace_id == trace_id(n))
+                .values(first_arrival_ns=arrived + offset, last_arrival_ns=arrived + offset)
+            )
+    first = arrived + int(QUIET_S * 1e9)
     _sleep_until(first - int(LOOKAHEAD_S * 0.5 * 1e9))
     assembler.run_once()
     assert len(assembler._pending) == 3  # all three assembled ahead of their due times
