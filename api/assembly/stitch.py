@@ -8,22 +8,25 @@ share a normalised request key are joined into one group here.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import TypeGuard
 
 from railtrace.model import Span
 from railtrace.normalize import normalize_span, span_request_keys
 
 
-def _valid(span: object) -> bool:
+def _valid(span: object) -> TypeGuard[Span]:
+    if not isinstance(span, Span):
+        return False
+    trace_id, span_id, start, end = span.trace_id, span.span_id, span.start_ns, span.end_ns
     return (
-        isinstance(span, Span)
-        and isinstance(span.trace_id, str)
-        and isinstance(span.span_id, str)
-        and bool(span.trace_id)
-        and bool(span.span_id)
-        and isinstance(span.start_ns, int)
-        and isinstance(span.end_ns, int)
-        and not isinstance(span.start_ns, bool)
-        and not isinstance(span.end_ns, bool)
+        isinstance(trace_id, str)
+        and isinstance(span_id, str)
+        and trace_id != ""
+        and span_id != ""
+        and isinstance(start, int)
+        and isinstance(end, int)
+        and start.__class__ is not bool
+        and end.__class__ is not bool
     )
 
 
@@ -39,7 +42,6 @@ def dedupe(spans: Iterable[object]) -> list[Span]:
     for span in spans:
         if not _valid(span):
             continue
-        assert isinstance(span, Span)
         key = (span.trace_id, span.span_id)
         held = chosen.get(key)
         if held is None or _preference(span) > _preference(held):
@@ -123,11 +125,29 @@ def _nearest(span: Span, index: dict[str, Span], anchors: set[str]) -> str | Non
     return next((a.span_id for a in _walk(span, index) if a.span_id in anchors), None)
 
 
+def _one_request_trace(spans: Sequence[Span]) -> bool:
+    """The common case, decided without the union-find: one trace with exactly one
+    `gateway.request` anchor is one unit, so all its spans make one group (a shared key can
+    only join units, and there is one)."""
+    if not spans:
+        return False
+    trace_id = spans[0].trace_id
+    anchors = 0
+    for span in spans:
+        if span.trace_id != trace_id:
+            return False
+        if span.canonical_name in ANCHOR_NAMES:
+            anchors += 1
+    return anchors == 1
+
+
 def group(spans: Sequence[Span]) -> list[list[Span]]:
     """Normalise, then split into groups: whole traces (or one request of a trace holding
     several), joined when they share a request key."""
     for span in spans:
         normalize_span(span)
+    if _one_request_trace(spans):
+        return [list(spans)]
     units = _units(spans)
     uf = _UnionFind()
     owner: dict[str, str] = {}
