@@ -44,13 +44,15 @@ BROKEN_TRACE = FlagName.BROKEN_TRACE.value
 
 
 def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                return None
-        else:
+    """A finite number from an attribute value (numbers, numeric strings); bool is not one."""
+    cls = value.__class__
+    exact = cls is float or cls is int  # checked first: this runs for every number read
+    if not exact and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        if not isinstance(value, str):
+            return None
+        try:
+            value = float(value)
+        except ValueError:
             return None
     value = float(value)
     return value if math.isfinite(value) else None
@@ -286,10 +288,10 @@ def _timing(req: _Request, kv: KVFacts | None, top: Span) -> tuple[_Timing, floa
     # Decode leg. vLLM holds a P/D request in its queue while it pulls the KV cache, so the
     # transfer is taken out of decode time_in_queue rather than counted twice.
     d_queue, d_queue_src = _engine_attr(req, DECODE, semconv.VLLM_QUEUE)
+    d_raw_queue = d_queue
     if d_queue is not None and kv_s is not None:
         d_queue, d_queue_src = d_queue - kv_s, f"{d_queue_src} - span:{semconv.SPAN_KV_TRANSFER}@{kv.span_id}"  # type: ignore[union-attr]
     t.put(Stage.DECODE_QUEUE, d_queue, d_queue_src)
-    d_raw_queue, _ = _engine_attr(req, DECODE, semconv.VLLM_QUEUE)
     d_model, d_model_src = _engine_attr(req, DECODE, semconv.VLLM_INFERENCE)
     if d_model is None:
         first, first_src = _engine_attr(req, DECODE, semconv.VLLM_PREFILL)
