@@ -167,3 +167,23 @@ def test_every_table_row_is_documented() -> None:
         if not rule.regex:
             assert lookup(rule.pattern) is rule
     assert re.search(r"clock skew", text, re.IGNORECASE)
+
+
+def test_router_shim_generation_is_remembered_per_name_set_within_bounds(monkeypatch) -> None:
+    """Whether a span carries a router-shim attribute is remembered per set of attribute names
+    (an answer for every later span with the same names), within a bounded memory."""
+    import railtrace.normalize as normalize
+
+    monkeypatch.setattr(normalize, "_ROUTER_NAME_SETS", {})
+    monkeypatch.setattr(normalize, "MAX_NAME_SETS", 2)
+    shim = {"gen_ai.request.model": "m", "llm_d.router.chosen_endpoint": "10.0.0.1:8000"}
+    plain = {"gen_ai.request.model": "m", "llm_d.routerless": "x"}
+    for _ in range(2):  # the second time from what was remembered
+        assert normalize_span(make("pick_endpoints", **shim)).generation == "railtrace"
+        assert normalize_span(make("pick_endpoints", **plain)).generation != "railtrace"
+    assert len(normalize._ROUTER_NAME_SETS) == 2
+    normalize_span(make("pick_endpoints", other="y"))  # full: starts again
+    assert len(normalize._ROUTER_NAME_SETS) == 1
+    long_names = {"k" * 5000: 1, "llm_d.router.x": 1}  # too long to keep, still answered
+    assert normalize_span(make("pick_endpoints", **long_names)).generation == "railtrace"
+    assert tuple(long_names) not in normalize._ROUTER_NAME_SETS
