@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from types import SimpleNamespace
 
 # ---------------------------------------------------------------------------------------
 # Value sets
@@ -127,6 +128,20 @@ class ContractStatus(StrEnum):
     OK = "ok"
     BROKEN = "broken"
     UNKNOWN = "unknown"
+
+
+def plain_values(enum: type[StrEnum]) -> SimpleNamespace:
+    """`enum`'s member values as plain `str` attributes by member name, for code that reads
+    them for every span or request: an enum member's `.value` costs about 20 times a
+    namespace attribute, and a plain `str` is what JSON, SQL and metric labels get anyway."""
+    return SimpleNamespace(**{member.name: member.value for member in enum})
+
+
+ROLE = plain_values(Role)
+STAGE = plain_values(Stage)
+TRANSPORT = plain_values(Transport)
+PATH_CLASS = plain_values(PathClass)
+FLAG = plain_values(FlagName)
 
 
 # ---------------------------------------------------------------------------------------

@@ -20,27 +20,24 @@ from railtrace.model import Candidate, Endpoint, Flag, KVFacts, RequestFacts, Ro
 from railtrace.normalize import engine_leg_hint, normalize_request_id, span_request_keys
 from railtrace.normalize import table as ntable
 from railtrace_tracing import semconv
-from railtrace_tracing.semconv import FlagName, Role, Stage, Transport
+from railtrace_tracing.semconv import FLAG, ROLE, STAGE, TRANSPORT
 
-REQUEST_ROLES = frozenset(
-    {Role.GATEWAY, Role.SCHEDULING, Role.PROXY, Role.PREFILL, Role.DECODE, Role.KV_TRANSFER}
-)
 LOOPBACK_PREFIXES = ("localhost", "127.", "[::1]", "::1", "0.0.0.0")
 MAX_ANCESTRY = 64
-# Plain strings of the enum members read per span: an enum member's `.value` costs ~20x a
-# module constant, and assembly reads these tens of times per request.
-PREFILL = Role.PREFILL.value
-DECODE = Role.DECODE.value
-PROXY = Role.PROXY.value
-GATEWAY = Role.GATEWAY.value
-KV_TRANSFER = Role.KV_TRANSFER.value
-ROUTER_ONLY_ROLES = frozenset({GATEWAY, Role.SCHEDULING.value, Role.KV_CACHE.value, Role.OTHER.value})
+# Module constants of the registry's plain values (`semconv.ROLE` and kin): assembly reads
+# these tens of times per request.
+PREFILL = ROLE.PREFILL
+DECODE = ROLE.DECODE
+PROXY = ROLE.PROXY
+GATEWAY = ROLE.GATEWAY
+KV_TRANSFER = ROLE.KV_TRANSFER
+ROUTER_ONLY_ROLES = frozenset({GATEWAY, ROLE.SCHEDULING, ROLE.KV_CACHE, ROLE.OTHER})
 TOP_ROLES = (GATEWAY, PROXY)
-REQUEST_ROLE_VALUES = frozenset(r.value for r in REQUEST_ROLES)
-TRANSPORTS = frozenset(t.value for t in Transport)
-UNKNOWN_TRANSPORT = Transport.UNKNOWN.value
-TCP = Transport.TCP.value
-BROKEN_TRACE = FlagName.BROKEN_TRACE.value
+REQUEST_ROLE_VALUES = frozenset({GATEWAY, ROLE.SCHEDULING, PROXY, PREFILL, DECODE, KV_TRANSFER})
+TRANSPORTS = frozenset(vars(TRANSPORT).values())
+UNKNOWN_TRANSPORT = TRANSPORT.UNKNOWN
+TCP = TRANSPORT.TCP
+BROKEN_TRACE = FLAG.BROKEN_TRACE
 
 
 def _num(value: Any) -> float | None:
@@ -138,8 +135,8 @@ class _Timing:
         if value < 0:
             source = f"{source}; clamped from {value:.6f} to 0"
             value = 0.0
-        self.stages[str(stage)] = round(value, 6)
-        self.sources[str(stage)] = source
+        self.stages[stage] = round(value, 6)
+        self.sources[stage] = source
         return value
 
 
@@ -246,20 +243,20 @@ def _timing(req: _Request, kv: KVFacts | None, top: Span) -> tuple[_Timing, floa
     # Scheduling: the EPP's own orchestration span (one process).
     if req.orchestrations:
         t.put(
-            Stage.SCHEDULING,
+            STAGE.SCHEDULING,
             sum(s.duration_s for s in req.orchestrations),
             " + ".join(f"span:{_ref(s)}" for s in req.orchestrations),
         )
     elif req.profiles:
         t.put(
-            Stage.SCHEDULING,
+            STAGE.SCHEDULING,
             sum(s.duration_s for s in req.profiles),
             " + ".join(f"span:{_ref(s)}" for s in req.profiles),
         )
 
     # Prefill leg.
     p_queue, p_queue_src = _engine_attr(req, PREFILL, semconv.VLLM_QUEUE)
-    t.put(Stage.PREFILL_QUEUE, p_queue, p_queue_src)
+    t.put(STAGE.PREFILL_QUEUE, p_queue, p_queue_src)
     p_model, p_model_src = _engine_attr(req, PREFILL, semconv.VLLM_PREFILL)
     if p_model is None:
         p_ttft, p_ttft_src = _engine_attr(req, PREFILL, semconv.VLLM_TTFT)
@@ -278,12 +275,12 @@ def _timing(req: _Request, kv: KVFacts | None, top: Span) -> tuple[_Timing, floa
             p_model, p_model_src = span.duration_s, f"span:{_ref(span)}"
         if p_model is not None and p_queue is not None:
             p_model, p_model_src = p_model - p_queue, f"{p_model_src} - {p_queue_src}"
-    t.put(Stage.PREFILL, p_model, p_model_src)
+    t.put(STAGE.PREFILL, p_model, p_model_src)
 
     # KV transfer: the railtrace shim's span, measured in the process that ran it.
     kv_s = kv.duration_s if kv is not None else None
     if kv is not None and kv_s is not None:
-        t.put(Stage.KV_TRANSFER, kv_s, f"span:{semconv.SPAN_KV_TRANSFER}@{kv.span_id}")
+        t.put(STAGE.KV_TRANSFER, kv_s, f"span:{semconv.SPAN_KV_TRANSFER}@{kv.span_id}")
 
     # Decode leg. vLLM holds a P/D request in its queue while it pulls the KV cache, so the
     # transfer is taken out of decode time_in_queue rather than counted twice.
@@ -291,7 +288,7 @@ def _timing(req: _Request, kv: KVFacts | None, top: Span) -> tuple[_Timing, floa
     d_raw_queue = d_queue
     if d_queue is not None and kv_s is not None:
         d_queue, d_queue_src = d_queue - kv_s, f"{d_queue_src} - span:{semconv.SPAN_KV_TRANSFER}@{kv.span_id}"  # type: ignore[union-attr]
-    t.put(Stage.DECODE_QUEUE, d_queue, d_queue_src)
+    t.put(STAGE.DECODE_QUEUE, d_queue, d_queue_src)
     d_model, d_model_src = _engine_attr(req, DECODE, semconv.VLLM_INFERENCE)
     if d_model is None:
         first, first_src = _engine_attr(req, DECODE, semconv.VLLM_PREFILL)
@@ -312,7 +309,7 @@ def _timing(req: _Request, kv: KVFacts | None, top: Span) -> tuple[_Timing, floa
             d_model, d_model_src = e2e, e2e_src
             if d_raw_queue is not None:
                 d_model, d_model_src = e2e - d_raw_queue, f"{e2e_src} - {d_queue_src.split(' - ')[0]}"
-    t.put(Stage.DECODE, d_model, d_model_src)
+    t.put(STAGE.DECODE, d_model, d_model_src)
 
     # End to end: the outermost hop's own span.
     e2e_s = top.duration_s

@@ -8,7 +8,6 @@ gives `unknown` / no flag — never a guess.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 from railtrace.model import (
     Candidate,
@@ -26,17 +25,13 @@ from railtrace.topology.identity import resolve_address, resolve_endpoint, resol
 from railtrace.topology.model import MISALIGNED, NIC, Topology
 from railtrace.verdicts.config import VerdictConfig
 from railtrace_tracing import semconv as sc
-from railtrace_tracing.semconv import FlagName, PathClass, TopologyLevel, Transport
+from railtrace_tracing.semconv import PATH_CLASS, TRANSPORT, FlagName, PathClass, TopologyLevel
 
 _RDMA_TL = ("rc", "dc", "ud", "srd")
 _NVLINK_TL = ("cuda_ipc", "rocm_ipc")
 _SHM_TL = ("cma", "knem", "xpmem", "sysv", "posix", "self", "mm", "shm")
 _STAGING_TL = ("cuda_copy", "gdr_copy", "rocm_copy", "rocm_gdr")
 _LEVEL_RANK = {lvl: i for i, lvl in enumerate(sc.TOPOLOGY_LEVEL_ORDER)}
-# The enums' plain string values, read for every request: an enum member's `.value` costs ~20x
-# an attribute of a namespace.
-_TRANSPORT = SimpleNamespace(**{m.name: m.value for m in Transport})
-_PATH = SimpleNamespace(**{m.name: m.value for m in PathClass})
 
 
 @dataclass
@@ -86,16 +81,16 @@ def lane_transport(lane: str) -> str:
     """`rc_mlx5/mlx5_3:1` → rdma; `tcp/eth1` → tcp; `cuda_ipc/cuda` → nvlink; `cma/memory` → shm."""
     tl = lane.split("/", 1)[0].strip().lower()
     if tl.startswith(_RDMA_TL):
-        return _TRANSPORT.RDMA
+        return TRANSPORT.RDMA
     if tl in _NVLINK_TL:
-        return _TRANSPORT.NVLINK
+        return TRANSPORT.NVLINK
     if tl in _SHM_TL:
-        return _TRANSPORT.SHM
+        return TRANSPORT.SHM
     if tl == "tcp":
-        return _TRANSPORT.TCP
+        return TRANSPORT.TCP
     if tl in _STAGING_TL:
         return ""
-    return _TRANSPORT.UNKNOWN
+    return TRANSPORT.UNKNOWN
 
 
 def parse_lanes(devices: list[str], split: list[float]) -> list[Lane]:
@@ -166,20 +161,20 @@ def _resolve_legs(ctx: _Ctx) -> None:
 def _transport(ctx: _Ctx) -> str:
     kv = ctx.kv
     if kv is None:
-        return _TRANSPORT.UNKNOWN
-    if kv.transport and kv.transport != _TRANSPORT.UNKNOWN:
+        return TRANSPORT.UNKNOWN
+    if kv.transport and kv.transport != TRANSPORT.UNKNOWN:
         return kv.transport
     data = [ln for ln in ctx.lanes if ln.transport]
     kinds = {ln.transport for ln in data}
-    if len(kinds) == 1 and _TRANSPORT.UNKNOWN not in kinds:
+    if len(kinds) == 1 and TRANSPORT.UNKNOWN not in kinds:
         return kinds.pop()
-    return _TRANSPORT.UNKNOWN
+    return TRANSPORT.UNKNOWN
 
 
 def _used_nics(ctx: _Ctx) -> None:
     node = ctx.local.node
     for ln in ctx.lanes:
-        if ln.transport == _TRANSPORT.RDMA:
+        if ln.transport == TRANSPORT.RDMA:
             ln.nic = ctx.topology.find_nic(node, ln.device)
 
 
@@ -195,7 +190,7 @@ def _path_and_nic_flags(ctx: _Ctx, transport: str) -> str:
     """Path class, cross_rail and gpu_nic_mismatch. Devices UCX used beat the allocation."""
     kv, topo = ctx.kv, ctx.topology
     sid = kv.span_id if kv else None
-    rdma_lanes = [ln for ln in ctx.lanes if ln.transport == _TRANSPORT.RDMA]
+    rdma_lanes = [ln for ln in ctx.lanes if ln.transport == TRANSPORT.RDMA]
     loc, rem = ctx.local, ctx.remote
 
     # gpu_nic_mismatch, local side from devices.
@@ -233,14 +228,14 @@ def _path_and_nic_flags(ctx: _Ctx, transport: str) -> str:
                         span,
                     )
 
-    if transport == _TRANSPORT.NVLINK:
-        return _PATH.NVLINK
-    if transport == _TRANSPORT.SHM:
-        return _PATH.SHM
-    if transport == _TRANSPORT.TCP:
-        return _PATH.TCP
-    if transport != _TRANSPORT.RDMA:
-        return _PATH.UNKNOWN
+    if transport == TRANSPORT.NVLINK:
+        return PATH_CLASS.NVLINK
+    if transport == TRANSPORT.SHM:
+        return PATH_CLASS.SHM
+    if transport == TRANSPORT.TCP:
+        return PATH_CLASS.TCP
+    if transport != TRANSPORT.RDMA:
+        return PATH_CLASS.UNKNOWN
 
     # Rails.
     expected_rails, _ = _gpu_rail(ctx, loc)
@@ -276,25 +271,25 @@ def _path_and_nic_flags(ctx: _Ctx, transport: str) -> str:
             )
     if cross_evidence:
         ctx.flag(FlagName.CROSS_RAIL, "; ".join(cross_evidence), sid)
-        return _PATH.RDMA_CROSS_RAIL
+        return PATH_CLASS.RDMA_CROSS_RAIL
     if used_rails and remote_rail and used_rails == {remote_rail}:
         ctx.notes.append(f"rail {remote_rail} on both ends ({source})")
-        return _PATH.RDMA_SAME_RAIL
+        return PATH_CLASS.RDMA_SAME_RAIL
     ctx.notes.append("RDMA, but the rails of both ends are not known")
-    return _PATH.UNKNOWN
+    return PATH_CLASS.UNKNOWN
 
 
 def _tcp_fallback(ctx: _Ctx, transport: str) -> None:
     """TCP where both ends have RDMA; a TCP lane in a split counts too (`28% on tcp/eth0`)."""
-    tcp_lanes = [ln for ln in ctx.lanes if ln.transport == _TRANSPORT.TCP]
-    if ctx.kv is None or (transport != _TRANSPORT.TCP and not tcp_lanes):
+    tcp_lanes = [ln for ln in ctx.lanes if ln.transport == TRANSPORT.TCP]
+    if ctx.kv is None or (transport != TRANSPORT.TCP and not tcp_lanes):
         return
     nodes = [(ctx.topology.node(ep.node), ep) for ep in (ctx.prefill, ctx.decode)]
-    if transport == _TRANSPORT.TCP:
+    if transport == TRANSPORT.TCP:
         lanes = ", ".join(ln.raw for ln in ctx.lanes) or "no devices"
     else:
         lanes = ", ".join(f"{ln.raw} carried {ln.share:.0%} of bytes" for ln in tcp_lanes)
-    src = sc.KV_TRANSPORT if ctx.kv.transport == _TRANSPORT.TCP else sc.KV_DEVICES
+    src = sc.KV_TRANSPORT if ctx.kv.transport == TRANSPORT.TCP else sc.KV_DEVICES
     if any(n is None for n, _ in nodes):
         ctx.notes.append("TCP, but a node is not in the topology: RDMA availability unknown")
         return
@@ -405,7 +400,7 @@ def _slow(ctx: _Ctx, path_class: str, transport: str) -> None:
         return
     expected = cfg.expected_bandwidth.get(path_class)
     basis = path_class
-    if expected is None and path_class == _PATH.UNKNOWN and transport == _TRANSPORT.RDMA:
+    if expected is None and path_class == PATH_CLASS.UNKNOWN and transport == TRANSPORT.RDMA:
         vals = [
             cfg.expected_bandwidth.get(p.value) for p in (PathClass.RDMA_SAME_RAIL, PathClass.RDMA_CROSS_RAIL)
         ]
@@ -438,7 +433,7 @@ def judge(facts: RequestFacts, topology: Topology, config: VerdictConfig | None 
     _resolve_legs(ctx)
     _used_nics(ctx)
     transport = _transport(ctx)
-    path_class = _PATH.UNKNOWN
+    path_class = PATH_CLASS.UNKNOWN
     if kv is not None:
         if kv.error_type:
             ctx.flag(FlagName.KV_TRANSFER_FAILED, f"{ctx.kv_ref(sc.ERROR_TYPE)}={kv.error_type}", kv.span_id)
