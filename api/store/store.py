@@ -942,9 +942,13 @@ class _Statements:
             .order_by(sc.trace_id, sc.received_ns, sc.chunk_id)
         )
         self.resources = select(resources.c.id, resources.c.attributes).where(ids(resources.c.id))
-        primaries = select(t.request_trace_id).where(ids(t.trace_id), t.request_trace_id.is_not(None))
-        self.previous_summaries = select(r.trace_id, r.summary).where(
-            or_(ids(r.trace_id), r.trace_id.in_(primaries))
+        # Two index lookups (as one OR with a subquery, PostgreSQL scanned every request row):
+        # the requests of these primary traces, then those these traces were stitched into.
+        self.previous_summaries = union_all(
+            select(r.trace_id, r.summary).where(ids(r.trace_id)),
+            select(r.trace_id, r.summary)
+            .join(traces, t.request_trace_id == r.trace_id)
+            .where(ids(t.trace_id), t.request_trace_id != t.trace_id),
         )
         self.delete_flags = (
             delete(request_flags).where(ids(f.trace_id)).returning(f.flag, f.start_ns, f.trace_id)
