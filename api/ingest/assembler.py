@@ -78,6 +78,7 @@ class Assembler:
         self._thread: threading.Thread | None = None
         self._last_gauge = 0.0
         self._last_retention = 0.0
+        self._last_statistics = 0.0
         self._retention_behind = False  # the last retention pass stopped with more to delete
         self.retention_batch = 500  # traces per delete transaction
         self.rounds = 0
@@ -140,6 +141,12 @@ class Assembler:
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
+        if now - self._last_statistics >= STATISTICS_INTERVAL_S:
+            self._last_statistics = now
+            try:
+                self.store.refresh_statistics()
+            except Exception:  # plans without statistics are slower, not wrong
+                log.warning("could not refresh table statistics", exc_info=True)
         if now - self._last_gauge >= 2.0:
             self._last_gauge = now
             self.metrics[semconv.M_PENDING].set(self.store.count_dirty())
@@ -374,6 +381,8 @@ ROUND_PAGE = 128
 # few milliseconds on each request's latency.
 PUBLISH_GATHER_S = 0.02
 GATHER_NS = int(PUBLISH_GATHER_S * 1e9)
+# How often the assembler checks that PostgreSQL's table statistics know the tables' size.
+STATISTICS_INTERVAL_S = 5.0
 # Longest a retention pass holds up assembly; an expired backlog is deleted over many rounds.
 RETENTION_SLICE_S = 0.25
 # How long a claimed trace stays with its replica. Far longer than one round takes; a replica

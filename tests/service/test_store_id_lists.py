@@ -218,3 +218,69 @@ def test_assembly_lookups_by_id_use_indexes(db_url: str) -> None:
                 scans = [line for line in plan if any(f"Seq Scan on {t}" in line for t in _TABLES)]
             assert not scans, f"{name} scans a whole table: {plan}"
     store.engine.dispose()
+
+
+def test_statistics_are_refreshed_when_a_table_outgrows_them(db_url: str) -> None:
+    """PostgreSQL: a table holding more than twice the rows its statistics know of (here: never
+    analysed) is analysed, once; SQLite has nothing to refresh."""
+    store = _store(db_url)
+    if store.sqlite:
+        assert store.refresh_statistics() == []
+        return
+    n = 2 * 1000 + 500
+    with store.engine.begin() as conn:
+        conn.execute(
+            insert(traces),
+            [
+                {
+                    "trace_id": trace_id(i),
+                    "first_arrival_ns": i,
+                    "last_arrival_ns": i,
+                    "span_count": 1,
+                    "has_root": True,
+                    "dirty": True,
+                    "late_spans": 0,
+                }
+                for i in range(n)
+            ],
+        )
+        keys = [{"request_key": f"key-{i}", "trace_id": trace_id(i)} for i in range(n)]
+        conn.execute(insert(trace_keys), keys)
+        conn.exec_driver_sql("SELECT pg_stat_force_next_flush()")  # the row counts, at commit
+    assert store.refresh_statistics() == ["trace_keys", "traces"]
+    with store.engine.connect() as conn:
+        known = dict(
+            conn.exec_driver_sql(
+                "SELECT relname, reltuples FROM pg_class"
+                " WHERE oid IN ('traces'::regclass, 'trace_keys'::regclass)"
+            ).all()
+        )
+    assert known == {"traces": n, "trace_keys": n}
+    assert store.refresh_statistics() == []  # current: one catalog query, nothing analysed
+    store.engine.dispose()
+
+
+def test_the_assembler_refreshes_statistics_every_few_seconds_and_survives_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from railtrace.ingest import assembler as assembler_module
+
+    url = f"sqlite:///{tmp_path / 'railtrace.db'}"
+    store = _store(url)
+    settings = settings_for(url)
+    assembler = Assembler(store, settings, Metrics(), default_pipeline(settings, TopologyHolder([]).get))
+    calls: list[float] = []
+
+    def refresh() -> list[str]:
+        calls.append(time.monotonic())
+        raise RuntimeError("permission denied for table traces")
+
+    monkeypatch.setattr(store, "refresh_statistics", refresh)
+    assembler._housekeeping()
+    assembler._housekeeping()  # within the interval: not again
+    assert len(calls) == 1
+    assert "could not refresh table statistics" in caplog.text
+    assembler._last_statistics -= assembler_module.STATISTICS_INTERVAL_S
+    assembler._housekeeping()
+    assert len(calls) == 2
+    store.engine.dispose()
