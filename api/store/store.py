@@ -657,8 +657,8 @@ def _release(conn: Connection, owner: str, trace_ids: Sequence[str], sqlite: boo
 
 def _unchanged(conn: Connection, marks: dict[str, int]) -> set[str]:
     """The traces of `marks` whose last arrival is still the one seen. Every row of `marks`
-    is locked by a no-op write (held to the end of the transaction) and its last arrival
-    read back from that write, so a span committed after the check waits for this commit."""
+    is locked (to the end of the transaction) as its last arrival is read, so a span
+    committed after the check waits for this commit."""
     sqlite = is_sqlite(conn)
     rows = conn.execute(_statements(sqlite).lock_traces, {"ids": listed(marks, sqlite)})
     return {tid for tid, last in rows if marks[tid] == last}
@@ -1007,13 +1007,18 @@ class _Statements:
         )
         found = union_all(by_primary, by_stitched, select(by_request_id)).subquery()
         self.summary_by_ident = select(found.c.summary).order_by(found.c.pref).limit(1)
-        # A no-op write locks each row; its last arrival is read back from the write.
-        self.lock_traces = (
-            update(traces)
-            .where(ids(t.trace_id))
-            .values(claimed_until_ns=t.claimed_until_ns)
-            .returning(t.trace_id, t.last_arrival_ns)
-        )
+        # Each row locked and its last arrival read: on PostgreSQL by SELECT ... FOR UPDATE
+        # (a no-op write would add a row version and an entry in every index of `traces`),
+        # on SQLite by a no-op write, which takes the database's write lock.
+        if sqlite:
+            self.lock_traces = (
+                update(traces)
+                .where(ids(t.trace_id))
+                .values(claimed_until_ns=t.claimed_until_ns)
+                .returning(t.trace_id, t.last_arrival_ns)
+            )
+        else:
+            self.lock_traces = select(t.trace_id, t.last_arrival_ns).where(ids(t.trace_id)).with_for_update()
 
 
 @functools.cache

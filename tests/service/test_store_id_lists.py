@@ -284,3 +284,45 @@ def test_the_assembler_refreshes_statistics_every_few_seconds_and_survives_failu
     assembler._housekeeping()
     assert len(calls) == 2
     store.engine.dispose()
+
+
+def test_checking_speculative_traces_locks_them_until_commit(db_url: str) -> None:
+    """The check before storing a group assembled ahead (`_unchanged`) reads each trace's last
+    arrival and holds a lock on it to the end of the storing transaction: an ingest commit
+    touching one of those traces meanwhile waits (here: gives up after its lock timeout)."""
+    from sqlalchemy import create_engine, update
+    from sqlalchemy.exc import OperationalError
+
+    from railtrace.store.store import _unchanged
+
+    store = _store(db_url)
+    with store.engine.begin() as conn:
+        conn.execute(
+            insert(traces),
+            [
+                {
+                    "trace_id": trace_id(i),
+                    "first_arrival_ns": 5,
+                    "last_arrival_ns": 5,
+                    "span_count": 1,
+                    "has_root": True,
+                    "dirty": True,
+                    "late_spans": 0,
+                }
+                for i in range(2)
+            ],
+        )
+    # Another writer, as the ingest writer would be, that gives up after 0.2 s of waiting.
+    other = create_engine(db_url, connect_args={"timeout": 0.2}) if store.sqlite else make_engine(db_url)
+    with store.engine.begin() as conn:
+        assert _unchanged(conn, {trace_id(0): 5, trace_id(1): 4}) == {trace_id(0)}
+        with pytest.raises(OperationalError), other.begin() as ingest:
+            if not store.sqlite:
+                ingest.exec_driver_sql("SET LOCAL lock_timeout = '200ms'")
+            ingest.execute(
+                update(traces).where(traces.c.trace_id == trace_id(0)).values(last_arrival_ns=9, dirty=True)
+            )
+    with other.begin() as ingest:  # once committed, the ingest write goes through
+        ingest.execute(update(traces).where(traces.c.trace_id == trace_id(0)).values(last_arrival_ns=9))
+    other.dispose()
+    store.engine.dispose()
