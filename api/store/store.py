@@ -303,14 +303,21 @@ class Store:
         lease_ns: int,
         limit: int = 500,
         skip: Collection[str] = (),
+        again: Collection[str] = (),
     ) -> list[DirtyTrace]:
-        """Lease up to `limit` ready traces (as `dirty_traces` picks them) to `owner`, leaving
-        out `skip` (traces `owner` has assembled and not stored yet).
+        """Lease up to `limit` ready traces (as `dirty_traces` picks them) to `owner`: free
+        ones and, of those `owner` holds already, the ones in `again`. Never returned: those in
+        `skip` (traces `owner` has assembled and not stored yet); should their lease have run
+        out, it is renewed.
 
         Replicas sharing one PostgreSQL each claim a disjoint set: the candidate rows are
         locked with FOR UPDATE SKIP LOCKED, so a replica never waits for or takes rows
         another is claiming, and a lease (`claimed_by`, `claimed_until_ns`) keeps them its
         own until it saves or releases them -- or the lease runs out because it died.
+        Why `again` and not every lease of `owner`: the traces it has assembled ahead are
+        leased to it too, and leaving them out by their lease costs nothing, where testing
+        each row against `skip` in the statement cost PostgreSQL a comparison per listed id
+        (20 ms a claim with a thousand of them).
         """
         params = {
             "owner": owner,
@@ -319,10 +326,12 @@ class Store:
             "quiet_before": quiet_before_ns,
             "wait_before": wait_before_ns,
             "limit": limit,
-            "skip": listed(skip, self.sqlite),
+            "again": listed(again, self.sqlite),
         }
         with self._begin() as conn:
             rows = conn.execute(self._q.claim_ready, params).all()
+        if skip:  # only if their lease ran out: it is renewed, they are not returned
+            rows = [r for r in rows if r[0] not in skip]
         rows.sort(key=lambda r: (r[1], r[0]))
         return [DirtyTrace(r[0], r[1], r[2], r[3] is not None) for r in rows]
 
@@ -948,8 +957,11 @@ class _Statements:
                 t.dirty.is_(True),
                 t.last_arrival_ns <= bindparam("quiet_before"),
                 or_(t.has_root.is_(True), t.first_arrival_ns <= bindparam("wait_before")),
-                free(),
-                ~among(t.trace_id, "skip", sqlite),
+                or_(
+                    t.claimed_until_ns.is_(None),
+                    t.claimed_until_ns < bindparam("now"),
+                    and_(t.claimed_by == bindparam("owner"), among(t.trace_id, "again", sqlite)),
+                ),
             )
             .order_by(t.last_arrival_ns)
             .limit(bindparam("limit"))

@@ -80,3 +80,21 @@ def test_a_request_split_across_holders_is_assembled_once(db_url: str) -> None:
     assert all(not dirty and owner is None for dirty, owner, _ in states)
     assert {r for _, _, r in states} == {rows[0][0]}
     store.engine.dispose()
+
+
+def test_an_owner_claims_its_own_leases_again_only_when_asked(db_url: str) -> None:
+    """The traces an assembler holds are left out of its next claim (those it assembled ahead
+    are waiting to be stored) unless it names them in `again` (kept for its next round); `skip`
+    wins over both, and an expired lease is anyone's."""
+    store = _store(db_url)
+    store.insert_batches([prepare(export_request(list(range(4))))])
+    later = time.time_ns() + HOUR_NS
+    held = sorted(t.trace_id for t in store.claim_ready("a", later, later, later, LEASE))
+    assert len(held) == 4
+    assert store.claim_ready("a", later, later, later, LEASE) == []
+    again = store.claim_ready("a", later, later, later, LEASE, again=held[:2], skip=held[1:2])
+    assert [t.trace_id for t in again] == held[:1]
+    assert store.claim_ready("b", later, later, later, LEASE, again=held) == []  # not b's
+    expired = later + 2 * LEASE
+    assert sorted(t.trace_id for t in store.claim_ready("a", later, later, expired, LEASE)) == held
+    store.engine.dispose()
