@@ -47,6 +47,22 @@ ID_LISTS = {
 }
 
 
+def _trace_rows(numbers: range, arrival_ns: int | None = None) -> list[dict[str, Any]]:
+    """Dirty `traces` rows for these trace numbers, arrived at `arrival_ns` (default: the number)."""
+    return [
+        {
+            "trace_id": trace_id(i),
+            "first_arrival_ns": i if arrival_ns is None else arrival_ns,
+            "last_arrival_ns": i if arrival_ns is None else arrival_ns,
+            "span_count": 1,
+            "has_root": True,
+            "dirty": True,
+            "late_spans": 0,
+        }
+        for i in numbers
+    ]
+
+
 def _store(db_url: str) -> Store:
     engine = make_engine(db_url)
     migrate(engine)
@@ -58,21 +74,7 @@ def test_among_finds_what_an_in_list_finds(db_url: str, name: str) -> None:
     store = _store(db_url)
     big = [2**63 - 1 - i for i in range(N)]  # resource ids use all 63 bits
     with store.engine.begin() as conn:
-        conn.execute(
-            insert(traces),
-            [
-                {
-                    "trace_id": trace_id(i),
-                    "first_arrival_ns": i,
-                    "last_arrival_ns": i,
-                    "span_count": 1,
-                    "has_root": True,
-                    "dirty": True,
-                    "late_spans": 0,
-                }
-                for i in range(N)
-            ],
-        )
+        conn.execute(insert(traces), _trace_rows(range(N)))
         conn.execute(insert(resources), [{"id": rid, "attributes": b"{}"} for rid in big])
     ids = ID_LISTS[name]
     rids = [big[0], big[0], big[-1], 5, 2**62] if ids else []
@@ -229,21 +231,7 @@ def test_statistics_are_refreshed_when_a_table_outgrows_them(db_url: str) -> Non
         return
     n = 2 * 1000 + 500
     with store.engine.begin() as conn:
-        conn.execute(
-            insert(traces),
-            [
-                {
-                    "trace_id": trace_id(i),
-                    "first_arrival_ns": i,
-                    "last_arrival_ns": i,
-                    "span_count": 1,
-                    "has_root": True,
-                    "dirty": True,
-                    "late_spans": 0,
-                }
-                for i in range(n)
-            ],
-        )
+        conn.execute(insert(traces), _trace_rows(range(n)))
         keys = [{"request_key": f"key-{i}", "trace_id": trace_id(i)} for i in range(n)]
         conn.execute(insert(trace_keys), keys)
         conn.exec_driver_sql("SELECT pg_stat_force_next_flush()")  # the row counts, at commit
@@ -297,21 +285,7 @@ def test_checking_speculative_traces_locks_them_until_commit(db_url: str) -> Non
 
     store = _store(db_url)
     with store.engine.begin() as conn:
-        conn.execute(
-            insert(traces),
-            [
-                {
-                    "trace_id": trace_id(i),
-                    "first_arrival_ns": 5,
-                    "last_arrival_ns": 5,
-                    "span_count": 1,
-                    "has_root": True,
-                    "dirty": True,
-                    "late_spans": 0,
-                }
-                for i in range(2)
-            ],
-        )
+        conn.execute(insert(traces), _trace_rows(range(2), arrival_ns=5))
     # Another writer, as the ingest writer would be, that gives up after 0.2 s of waiting.
     other = create_engine(db_url, connect_args={"timeout": 0.2}) if store.sqlite else make_engine(db_url)
     with store.engine.begin() as conn:
