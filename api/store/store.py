@@ -317,7 +317,7 @@ class Store:
         Why `again` and not every lease of `owner`: the traces it has assembled ahead are
         leased to it too, and leaving them out by their lease costs nothing, where testing
         each row against `skip` in the statement cost PostgreSQL a comparison per listed id
-        (20 ms a claim with a thousand of them).
+        (a claim of 128 took 21 ms instead of 6 with a thousand of them).
         """
         params = {
             "owner": owner,
