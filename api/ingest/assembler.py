@@ -85,7 +85,9 @@ class Assembler:
         # Assemble this long before a request's quiet period ends, store it when it has ended.
         self.lookahead_ns = int(min(settings.assembly_lookahead_s, settings.quiet_period_s / 2) * 1e9)
         self._pending: list[_Pending] = []  # assembled, waiting for their due time; by due time
-        self._kept: set[str] = set()  # leased, not assembled: a sibling was held elsewhere
+        # Leased and not assembled (a sibling was held elsewhere, or storing failed), to be
+        # claimed again: trace id -> when its lease runs out at the latest.
+        self._kept: dict[str, int] = {}
         # Who holds an assembly lease: unique per running assembler, readable by an operator.
         self.owner = f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
@@ -211,13 +213,22 @@ class Assembler:
         quiet_cutoff = now - quiet_ns
         wait_cutoff = now - int(self.settings.max_trace_wait_s * 1e9)
         pending = {t for p in self._pending for t in p.group.marks}
+        self._kept = {t: until for t, until in self._kept.items() if until > now}
         ready = self.store.claim_ready(
-            self.owner, quiet_cutoff + lookahead, wait_cutoff, now, LEASE_NS, limit, pending, self._kept
+            self.owner,
+            quiet_cutoff + lookahead,
+            wait_cutoff,
+            now,
+            LEASE_NS,
+            limit,
+            skip=pending,
+            again=self._kept,
         )
         if not ready:
             return 0
         held = {t.trace_id for t in ready}
-        self._kept -= held  # what is kept this time is decided again below
+        for t in held:  # what is kept this time is decided again below
+            self._kept.pop(t, None)
         keep: set[str] = set()
         try:
             keep = self._assemble(
@@ -267,7 +278,7 @@ class Assembler:
         todo = [(g, forced) for g, forced in wanted if g <= held or not (g - held) & states.keys()]
         done = [g for g, _ in todo]
         keep = {t for g, _ in wanted if g not in done and min(g) in held for t in g & held}
-        self._kept |= keep  # leased for the next round, which claims them again
+        self._kept.update(dict.fromkeys(keep, now + LEASE_NS))  # the next round claims them again
         extra = {t for g in done for t in g} - seen.keys()
         spans.update(_by_trace(self.store.load_spans(extra, normalize=False)))
         for t in extra:
@@ -313,7 +324,8 @@ class Assembler:
                 p.group.superseded = _superseded(p.group, old)
             stored = {id(g) for g in self.store.publish([p.group for p in due], now, owner=self.owner)}
         except Exception:
-            self._kept |= marks.keys()  # still leased to this assembler: the next step takes them
+            # Still leased to this assembler: the next step takes them again.
+            self._kept.update(dict.fromkeys(marks, now + LEASE_NS))
             raise
         # Verdict latency is measured to the commit, on the wall clock (unless a test drives
         # the clock through `now_ns`).

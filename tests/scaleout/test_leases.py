@@ -98,3 +98,15 @@ def test_an_owner_claims_its_own_leases_again_only_when_asked(db_url: str) -> No
     expired = later + 2 * LEASE
     assert sorted(t.trace_id for t in store.claim_ready("a", later, later, expired, LEASE)) == held
     store.engine.dispose()
+
+
+def test_kept_leases_are_forgotten_once_they_have_run_out(db_url: str) -> None:
+    """What an assembler keeps to claim again is bounded by the leases' life: after that the
+    trace is anyone's (another replica may have assembled it), so it is not asked for again."""
+    store = _store(db_url)
+    assembler = _assembler(store, db_url)
+    later = time.time_ns() + HOUR_NS
+    assembler._kept = {trace_id(1): later - 1, trace_id(2): later + LEASE}
+    assembler.prepare(later, limit=10)
+    assert assembler._kept == {trace_id(2): later + LEASE}
+    store.engine.dispose()
