@@ -125,7 +125,7 @@ def _is_sidecar(span: Span) -> bool:
 # a lookup costs a quarter of testing every name. Bounded: sets of short names only, cleared
 # when full (hostile input).
 _ROUTER_NAME_SETS: dict[tuple[str, ...], bool] = {}
-MAX_NAME_SETS = 1024
+MAX_NAME_SETS = 256  # with at most 256 names a span (decoding) and 4,096 characters: < 5 MB
 MAX_NAME_SET_CHARS = 4096
 
 
