@@ -630,13 +630,10 @@ class Store:
             conn.execute(text("SELECT 1"))
 
 
-# The tables assembly reads by lists of ids, and their statements: no name is spliced in.
+# The tables assembly reads by lists of ids (ANALYZE takes no parameters: the names are the
+# schema's own).
 _ANALYZE = {
-    "traces": text("ANALYZE traces"),
-    "trace_keys": text("ANALYZE trace_keys"),
-    "span_chunks": text("ANALYZE span_chunks"),
-    "requests": text("ANALYZE requests"),
-    "request_flags": text("ANALYZE request_flags"),
+    t.name: text(f"ANALYZE {t.name}") for t in (traces, trace_keys, span_chunks, requests, request_flags)
 }
 # Rows the statistics know of (reltuples: -1 if never analysed) and rows there are now.
 _TABLE_GROWTH = text(
