@@ -25,7 +25,7 @@ from railtrace.topology.identity import resolve_address, resolve_endpoint, resol
 from railtrace.topology.model import MISALIGNED, NIC, Topology
 from railtrace.verdicts.config import VerdictConfig
 from railtrace_tracing import semconv as sc
-from railtrace_tracing.semconv import PATH_CLASS, TRANSPORT, FlagName, PathClass, TopologyLevel
+from railtrace_tracing.semconv import PATH_CLASS, TRANSPORT, FlagName, TopologyLevel
 
 _RDMA_TL = ("rc", "dc", "ud", "srd")
 _NVLINK_TL = ("cuda_ipc", "rocm_ipc")
@@ -402,7 +402,7 @@ def _slow(ctx: _Ctx, path_class: str, transport: str) -> None:
     basis = path_class
     if expected is None and path_class == PATH_CLASS.UNKNOWN and transport == TRANSPORT.RDMA:
         vals = [
-            cfg.expected_bandwidth.get(p.value) for p in (PathClass.RDMA_SAME_RAIL, PathClass.RDMA_CROSS_RAIL)
+            cfg.expected_bandwidth.get(p) for p in (PATH_CLASS.RDMA_SAME_RAIL, PATH_CLASS.RDMA_CROSS_RAIL)
         ]
         vals = [v for v in vals if v]
         if vals:
