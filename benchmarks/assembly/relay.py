@@ -77,10 +77,10 @@ def run(path: str, phase: str, batch: int) -> int:
     from railtrace.ingest import workers
     from railtrace.ingest.workers import RecordedMetrics
     from railtrace.metrics import Metrics
+    from railtrace_tracing import semconv
 
     # Code before 2026-12-01 replayed recorded updates through `workers.replay`.
     apply = getattr(workers, "replay", None) or Metrics.merge
-    from railtrace_tracing import semconv
 
     seen = pickle.loads(Path(path).read_bytes())
     if phase == "load":
