@@ -940,11 +940,13 @@ class _Statements:
         def ids(col: ColumnElement[Any]) -> ColumnElement[bool]:
             return among(col, "ids", sqlite)
 
-        def free() -> ColumnElement[bool]:
+        def free(own: ColumnElement[bool] | None = None) -> ColumnElement[bool]:
+            """Not leased, lease run out, or leased to `owner` (and `own` holds, if given)."""
+            mine = t.claimed_by == bindparam("owner")
             return or_(
                 t.claimed_until_ns.is_(None),
                 t.claimed_until_ns < bindparam("now"),
-                t.claimed_by == bindparam("owner"),
+                mine if own is None else and_(mine, own),
             )
 
         lease = {"claimed_by": bindparam("owner"), "claimed_until_ns": bindparam("until")}
@@ -954,11 +956,7 @@ class _Statements:
                 t.dirty.is_(True),
                 t.last_arrival_ns <= bindparam("quiet_before"),
                 or_(t.has_root.is_(True), t.first_arrival_ns <= bindparam("wait_before")),
-                or_(
-                    t.claimed_until_ns.is_(None),
-                    t.claimed_until_ns < bindparam("now"),
-                    and_(t.claimed_by == bindparam("owner"), among(t.trace_id, "again", sqlite)),
-                ),
+                free(own=among(t.trace_id, "again", sqlite)),
             )
             .order_by(t.last_arrival_ns)
             .limit(bindparam("limit"))
