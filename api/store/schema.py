@@ -22,6 +22,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    true,
 )
 
 metadata = MetaData()
@@ -76,7 +77,12 @@ traces = Table(
     Column("claimed_by", String(64)),
     Column("claimed_until_ns", BigInteger),
 )
-Index("ix_traces_dirty", traces.c.dirty, traces.c.last_arrival_ns)
+# Traces awaiting (re)assembly. Queries that look for them use this very expression: SQLite
+# uses a partial index only for a query holding its predicate term as written, and PostgreSQL
+# cannot use an index for `dirty IS true`. Only these traces are in the index, oldest first, so
+# a look for ready traces costs the same whatever the history kept.
+READY = traces.c.dirty == true()
+Index("ix_traces_ready", traces.c.last_arrival_ns, postgresql_where=READY, sqlite_where=READY)
 Index("ix_traces_last_arrival", traces.c.last_arrival_ns)
 Index("ix_traces_request", traces.c.request_trace_id)
 

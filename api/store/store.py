@@ -45,7 +45,7 @@ from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
 from railtrace.store.rollup import DIMENSIONS, REQUEST_COLUMNS, RollupDelta, hour_of
 from railtrace.store.rollup import read as rollup_read
 from railtrace.store.rows import RowBatch, chunk_records
-from railtrace.store.schema import request_flags, requests, resources, span_chunks, trace_keys, traces
+from railtrace.store.schema import READY, request_flags, requests, resources, span_chunks, trace_keys, traces
 from railtrace.store.spans import StoredResource, records_reader
 
 INSERT_COLUMNS = "trace_id, chunk_id, received_ns, span_count, body"
@@ -284,7 +284,7 @@ class Store:
         q = (
             select(traces.c.trace_id, traces.c.last_arrival_ns, traces.c.late_spans, traces.c.assembled_ns)
             .where(
-                traces.c.dirty.is_(True),
+                READY,
                 traces.c.last_arrival_ns <= quiet_before_ns,
                 or_(traces.c.has_root.is_(True), traces.c.first_arrival_ns <= wait_before_ns),
             )
@@ -355,7 +355,7 @@ class Store:
 
     def count_dirty(self) -> int:
         with self.engine.connect() as conn:
-            return int(conn.execute(select(func.count()).where(traces.c.dirty.is_(True))).scalar_one())
+            return int(conn.execute(select(func.count()).where(READY)).scalar_one())
 
     def trace_states(self, trace_ids: Iterable[str]) -> dict[str, DirtyTrace]:
         """Arrival state of these traces (unknown ids are absent)."""
@@ -953,7 +953,7 @@ class _Statements:
         pick = (
             select(t.trace_id)
             .where(
-                t.dirty.is_(True),
+                READY,
                 t.last_arrival_ns <= bindparam("quiet_before"),
                 or_(t.has_root.is_(True), t.first_arrival_ns <= bindparam("wait_before")),
                 free(own=among(t.trace_id, "again", sqlite)),

@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 
 import httpx
-from sqlalchemy import create_engine, func, select, text
+from sqlalchemy import create_engine, text
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -38,7 +38,6 @@ from railtrace.otlp import accelerators, decode  # noqa: E402
 from railtrace.otlp.decode import parse_protobuf  # noqa: E402
 from railtrace.store import Store, make_engine, migrate  # noqa: E402
 from railtrace.store.rows import rows_from_request  # noqa: E402
-from railtrace.store.schema import traces as traces_table  # noqa: E402
 
 PG_ADMIN = os.environ.get("RAILTRACE_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
@@ -135,13 +134,7 @@ def end_to_end(
             if not (quiet_period and quiet_period > 60):  # wait for every request summary
                 deadline = time.monotonic() + 1800
                 while time.monotonic() < deadline:
-                    with engine.connect() as conn:
-                        dirty = conn.execute(
-                            select(func.count())
-                            .select_from(traces_table)
-                            .where(traces_table.c.dirty.is_(True))
-                        ).scalar_one()
-                    if dirty == 0:
+                    if Store(engine).count_dirty() == 0:
                         assembled_rate = rate(n_spans, time.perf_counter() - t)
                         break
                     time.sleep(0.2)

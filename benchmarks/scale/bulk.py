@@ -275,16 +275,9 @@ def _worker_copy(job: tuple[int, int]) -> tuple[int, int, int]:
 
 
 def dirty_count(engine: Any) -> int:
-    from sqlalchemy import func, select
+    from railtrace.store import Store
 
-    from railtrace.store.schema import traces
-
-    with engine.connect() as conn:
-        return int(
-            conn.execute(
-                select(func.count()).select_from(traces).where(traces.c.dirty.is_(True))
-            ).scalar_one()
-        )
+    return Store(engine).count_dirty()
 
 
 def rss_tree_mb(pids: Sequence[int]) -> float:

@@ -47,7 +47,7 @@ from typing import Any
 
 import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from sqlalchemy import create_engine, func, select
+from sqlalchemy import create_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks" / "ingest"))
@@ -55,7 +55,6 @@ from harness import free_port, latency_ms, post_all, serve_process  # noqa: E402
 from payload import SPANS_PER_TRACE, export_calls  # noqa: E402
 
 from railtrace.store import Store  # noqa: E402
-from railtrace.store.schema import traces as traces_table  # noqa: E402
 
 SPANS_PER_CALL = 512
 WARMUP = 20
@@ -183,11 +182,7 @@ def load_railtrace(
         if stored != total:
             raise RuntimeError(f"railtrace holds {stored} spans, {total} acknowledged")
         while True:
-            with engine.connect() as conn:
-                dirty = conn.execute(
-                    select(func.count()).select_from(traces_table).where(traces_table.c.dirty.is_(True))
-                ).scalar_one()
-            if dirty == 0:
+            if Store(engine).count_dirty() == 0:
                 break
             time.sleep(0.2)
     finally:
