@@ -53,6 +53,15 @@ MAX_KNOWN_RESOURCES = 100_000
 # Seconds between the span writer's passive WAL checkpoints (`Store._checkpoint`).
 CHECKPOINT_INTERVAL_S = 0.5
 _COPY_TYPES = ["text", "int8", "int8", "int4", "bytea"]
+# The per-connection table ingest's COPY writes chunk rows to (`Store._insert_chunks`).
+_STAGING = (
+    "CREATE TEMP TABLE IF NOT EXISTS railtrace_chunks_in"
+    " (LIKE span_chunks INCLUDING DEFAULTS INCLUDING COMPRESSION) ON COMMIT DELETE ROWS"
+)
+_STAGING_BEFORE_14 = (  # no per-column compression before PostgreSQL 14
+    "CREATE TEMP TABLE IF NOT EXISTS railtrace_chunks_in"
+    " (LIKE span_chunks INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+)
 
 
 @dataclass(slots=True)
@@ -247,10 +256,9 @@ class Store:
             if self.sqlite:
                 return _insert_values(cur, self._sql_chunk, [r[:5] for r in rows])
             if not dbapi.info.get("railtrace_staging_chunks"):
-                cur.execute(
-                    "CREATE TEMP TABLE IF NOT EXISTS railtrace_chunks_in"
-                    " (LIKE span_chunks INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
-                )
+                # The bodies are compressed as COPY writes them here and kept compressed when
+                # moved, so this table compresses them as span_chunks does (lz4, migration 0006).
+                cur.execute(_STAGING if conn.dialect.server_version_info >= (14,) else _STAGING_BEFORE_14)
                 dbapi.info["railtrace_staging_chunks"] = True
             with cur.copy(f"COPY railtrace_chunks_in ({INSERT_COLUMNS}) FROM STDIN (FORMAT BINARY)") as copy:
                 copy.set_types(_COPY_TYPES)
