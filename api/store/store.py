@@ -396,7 +396,7 @@ class Store:
         known = self._resources
         with self.engine.connect() as conn:
             for group in _chunks(ids, 200):
-                rows = conn.execute(self._q.chunks, {"ids": listed(group, self.sqlite)}).all()
+                rows = _fetch_binary(conn, self._q.chunks, {"ids": listed(group, self.sqlite)})
                 chunks = [(tid, chunk_records(body)) for tid, body in rows]
                 needed = {rid for _, records in chunks for rid, _ in records}
                 missing = needed - known.keys()
@@ -790,6 +790,23 @@ def _executemany(conn: Connection, stmt: Executable, rows: Sequence[dict[str, An
         conn.exec_driver_sql(sql, list(rows))
     else:
         conn.exec_driver_sql(sql, [tuple([row[k] for k in order]) for row in rows])
+
+
+def _fetch_binary(conn: Connection, stmt: Executable, params: dict[str, Any]) -> list[Any]:
+    """`stmt`'s rows; from PostgreSQL in its binary format.
+
+    Why: bytea in the text format is hex, which the server writes and the client parses again:
+    reading assembly's span chunks (~6 KB a request) took 38 us a chunk that way, 14 in binary.
+    """
+    if is_sqlite(conn):
+        return conn.execute(stmt, params).all()
+    sql, _ = _compiled(stmt, conn.dialect)
+    cur = conn.connection.cursor(binary=True)
+    try:
+        cur.execute(sql, params)
+        return cur.fetchall()
+    finally:
+        cur.close()
 
 
 def _raw_stats(
