@@ -114,7 +114,13 @@ def make_engine(url: str, *, sqlite_synchronous: str = "NORMAL", derived_only: b
 
         return engine
     if parsed.get_backend_name() == "postgresql":
-        engine = create_engine(url, pool_size=8, max_overflow=8, pool_pre_ping=True)
+        # Which part of railtrace holds a connection, in pg_stat_activity and the server's log,
+        # unless the URL names it already.
+        name = "railtrace-assembly" if derived_only else "railtrace"
+        connect_args = {} if "application_name" in parsed.query else {"application_name": name}
+        engine = create_engine(
+            url, pool_size=8, max_overflow=8, pool_pre_ping=True, connect_args=connect_args
+        )
         if derived_only:
 
             @event.listens_for(engine, "connect")

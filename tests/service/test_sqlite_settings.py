@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from railtrace.server.runtime import Runtime
 from railtrace.settings import Settings
@@ -72,6 +73,25 @@ def test_commit_waits_of_the_ingest_and_derived_state_engines(db_url: str) -> No
     finally:
         ingest.dispose()
         derived.dispose()
+
+
+def test_postgresql_connections_say_which_part_of_railtrace_holds_them(
+    new_database: Callable[[str], str],
+) -> None:
+    """pg_stat_activity (and a log line prefix with %a) tells the ingest and API connections
+    from assembly's; a name in the URL is kept."""
+    url = new_database("postgresql")
+    named = make_url(url).update_query_dict({"application_name": "railtrace-eu-1"}).render_as_string(False)
+    engines = [make_engine(url), make_engine(url, derived_only=True), make_engine(named, derived_only=True)]
+    try:
+        names = []
+        for e in engines:
+            with e.connect() as conn:
+                names.append(conn.exec_driver_sql("SHOW application_name").scalar_one())
+        assert names == ["railtrace", "railtrace-assembly", "railtrace-eu-1"]
+    finally:
+        for e in engines:
+            e.dispose()
 
 
 def test_the_assembler_thread_writes_through_the_derived_state_engine(db_url: str) -> None:
