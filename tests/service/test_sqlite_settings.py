@@ -12,9 +12,11 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
 from railtrace.server.runtime import Runtime
 from railtrace.settings import Settings
@@ -92,6 +94,40 @@ def test_postgresql_connections_say_which_part_of_railtrace_holds_them(
     finally:
         for e in engines:
             e.dispose()
+
+
+def test_a_pooled_connection_is_checked_only_after_sitting_idle(
+    new_database: Callable[[str], str], pg_admin: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL: a connection killed by the server while it sat in the pool longer than
+    `PING_IDLE_S` is replaced at checkout, unseen by the caller; one used just before is handed
+    out without a round trip (so a kill inside that second fails the one call that meets it,
+    and the next gets a fresh connection)."""
+    from railtrace.store import engine as engine_module
+
+    engine = make_engine(new_database("postgresql"))
+
+    def backend() -> int:
+        with engine.connect() as conn:
+            return conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+
+    def kill(pid: int) -> None:
+        with pg_admin.connect() as conn:
+            conn.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid)}, 5000)")
+
+    try:
+        monkeypatch.setattr(engine_module, "PING_IDLE_S", 0.0)  # every pooled connection counts as idle
+        first = backend()
+        kill(first)
+        second = backend()  # pinged, found dead, replaced
+        assert second != first
+        monkeypatch.setattr(engine_module, "PING_IDLE_S", 3600.0)  # none has been idle that long
+        kill(second)
+        with pytest.raises(OperationalError):
+            backend()  # not pinged: the call meets the dead connection
+        assert backend() not in (first, second)
+    finally:
+        engine.dispose()
 
 
 def test_the_assembler_thread_writes_through_the_derived_state_engine(db_url: str) -> None:
