@@ -55,11 +55,24 @@ def _num(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _int(value: Any) -> int | None:
+    """An integer from an attribute value, within OTLP's (and the stores') signed 64 bits: a
+    double like 1e300 is integral, and a summary holding it could be neither encoded as JSON
+    nor stored, so its whole page of requests would fail to store again and again."""
     number = _num(value)
     if number is None or not number.is_integer():
         return None
-    return int(number)
+    n = int(number)
+    return n if INT64_MIN <= n <= INT64_MAX else None
+
+
+def _int64_sum(values: list[int]) -> int | None:
+    """The sum of these, or None if there are none or it leaves the signed 64-bit range."""
+    total = sum(values)
+    return total if values and INT64_MIN <= total <= INT64_MAX else None
 
 
 def _str(value: Any) -> str | None:
@@ -427,8 +440,8 @@ def _kv_facts(req: _Request) -> KVFacts | None:
         operation=attr(semconv.KV_OPERATION),
         connector=attr(semconv.KV_CONNECTOR),
         backend=attr(semconv.KV_BACKEND),
-        bytes=sum(byte_values) if byte_values else None,
-        descriptors=sum(desc_values) if desc_values else None,
+        bytes=_int64_sum(byte_values),
+        descriptors=_int64_sum(desc_values),
         duration_s=round(max(0.0, duration), 9),
         transport=transport,
         devices=devices,
