@@ -54,6 +54,30 @@ MAX_KNOWN_RESOURCES = 100_000
 # Seconds between the span writer's passive WAL checkpoints (`Store._checkpoint`).
 CHECKPOINT_INTERVAL_S = 0.5
 _COPY_TYPES = ["text", "int8", "int8", "int4", "bytea"]
+# PostgreSQL: a commit's request keys and trace rows, each as one statement taking one array per
+# column (see `_rows_as_arrays`), where executemany executed one statement per row. The trace
+# upsert is `Store._sql_trace`'s, for rows that all arrived at one time (the first parameters).
+_PG_INSERT_KEYS = (
+    "INSERT INTO trace_keys (request_key, trace_id)"
+    " SELECT * FROM unnest(%s::text[], %s::text[]) ON CONFLICT DO NOTHING"
+)
+# A trace that got spans again: its last arrival moves on and it awaits (re)assembly.
+_TRACE_ARRIVED_AGAIN = (
+    " ON CONFLICT (trace_id) DO UPDATE SET"
+    " last_arrival_ns = excluded.last_arrival_ns,"
+    " span_count = traces.span_count + excluded.span_count,"
+    " has_root = (traces.has_root OR excluded.has_root),"
+    " dirty = TRUE,"
+    " late_spans = traces.late_spans"
+    " + CASE WHEN traces.assembled_ns IS NULL THEN 0 ELSE excluded.span_count END"
+)
+_TRACE_COLUMNS = "trace_id, first_arrival_ns, last_arrival_ns, span_count, has_root, dirty, late_spans"
+_PG_UPSERT_TRACES = (
+    f"INSERT INTO traces ({_TRACE_COLUMNS})"
+    " SELECT u.trace_id, %s::int8, %s::int8, u.span_count, u.has_root, TRUE, 0"
+    " FROM unnest(%s::text[], %s::int4[], %s::bool[]) AS u(trace_id, span_count, has_root)"
+    f"{_TRACE_ARRIVED_AGAIN}"
+)
 # The per-connection table ingest's COPY writes chunk rows to (`Store._insert_chunks`).
 _STAGING = (
     "CREATE TEMP TABLE IF NOT EXISTS railtrace_chunks_in"
@@ -123,14 +147,8 @@ class Store:
             f"INSERT INTO resources (id, attributes) VALUES ({p}, {p}) ON CONFLICT DO NOTHING"
         )
         self._sql_trace = (
-            "INSERT INTO traces (trace_id, first_arrival_ns, last_arrival_ns, span_count, has_root, dirty,"
-            f" late_spans) VALUES ({p}, {p}, {p}, {p}, {p}, TRUE, 0) ON CONFLICT (trace_id) DO UPDATE SET"
-            " last_arrival_ns = excluded.last_arrival_ns,"
-            " span_count = traces.span_count + excluded.span_count,"
-            " has_root = (traces.has_root OR excluded.has_root),"
-            " dirty = TRUE,"
-            " late_spans = traces.late_spans"
-            " + CASE WHEN traces.assembled_ns IS NULL THEN 0 ELSE excluded.span_count END"
+            f"INSERT INTO traces ({_TRACE_COLUMNS}) VALUES ({p}, {p}, {p}, {p}, {p}, TRUE, 0)"
+            f"{_TRACE_ARRIVED_AGAIN}"
         )
 
     # -- ingest ----------------------------------------------------------------------------
@@ -234,13 +252,22 @@ class Store:
                 if r[5]:
                     roots.add(r[0])
             if keys:
-                self._insert_rows(conn, self._sql_key, sorted(keys))
+                if self.sqlite:
+                    self._insert_rows(conn, self._sql_key, sorted(keys))
+                else:
+                    ordered = sorted(keys)
+                    conn.exec_driver_sql(_PG_INSERT_KEYS, ([k for k, _ in ordered], [t for _, t in ordered]))
             if counts:
-                self._insert_rows(
-                    conn,
-                    self._sql_trace,
-                    [(tid, received, received, n, tid in roots) for tid, n in sorted(counts.items())],
-                )
+                if self.sqlite:
+                    self._insert_rows(
+                        conn,
+                        self._sql_trace,
+                        [(tid, received, received, n, tid in roots) for tid, n in sorted(counts.items())],
+                    )
+                else:
+                    ids = sorted(counts)
+                    spans, root = [counts[t] for t in ids], [t in roots for t in ids]
+                    conn.exec_driver_sql(_PG_UPSERT_TRACES, (received, received, ids, spans, root))
         return counts
 
     def _insert_chunks(self, conn: Connection, rows: list[list[Any]]) -> int:
@@ -274,11 +301,7 @@ class Store:
             cur.close()
 
     def _insert_rows(self, conn: Connection, sql: str, rows: list[tuple[Any, ...]]) -> None:
-        """`sql` (a one-row INSERT) for every row: SQLite in a few multi-row statements,
-        PostgreSQL by the driver's executemany."""
-        if not self.sqlite:
-            conn.exec_driver_sql(sql, rows)
-            return
+        """SQLite: `sql` (a one-row INSERT) for every row, in a few multi-row statements."""
         cur = conn.connection.cursor()
         try:
             _insert_values(cur, sql, rows)
