@@ -13,6 +13,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
+from psycopg.types.array import ListBinaryDumper
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
@@ -122,6 +123,15 @@ def make_engine(url: str, *, sqlite_synchronous: str = "NORMAL", derived_only: b
         connect_args = {} if "application_name" in parsed.query else {"application_name": name}
         engine = create_engine(url, pool_size=8, max_overflow=8, connect_args=connect_args)
         _ping_idle_connections(engine)
+
+        @event.listens_for(engine, "connect")
+        def _binary_arrays(dbapi_conn: Any, _record: Any) -> None:
+            """Lists (the id lists of `store.among`, the columns of `store._rows_as_arrays`) are
+            sent as arrays in the binary format: psycopg builds the text format in Python, with
+            bytes written as hex, 35 us per request row stored against 10 in binary, and one
+            sixth of an assembly process's time under load."""
+            dbapi_conn.adapters.register_dumper(list, ListBinaryDumper)  # the last one is %s's
+
         if derived_only:
 
             @event.listens_for(engine, "connect")

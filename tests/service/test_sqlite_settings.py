@@ -96,6 +96,28 @@ def test_postgresql_connections_say_which_part_of_railtrace_holds_them(
             e.dispose()
 
 
+def test_postgresql_lists_are_sent_as_binary_arrays(new_database: Callable[[str], str]) -> None:
+    """psycopg builds text-format arrays in Python (bytes as hex): 3.5x the client's time for
+    a page of request rows. Both engines' connections dump lists in the binary format."""
+    from psycopg.adapt import PyFormat
+    from psycopg.types.array import ListBinaryDumper
+
+    url = new_database("postgresql")
+    engines = [make_engine(url), make_engine(url, derived_only=True)]
+    try:
+        for engine in engines:
+            with engine.connect() as conn:
+                dbapi = conn.connection.driver_connection
+                assert dbapi.adapters.get_dumper(list, PyFormat.AUTO) is ListBinaryDumper
+                got = conn.exec_driver_sql(
+                    "SELECT %(b)s::bytea[], %(s)s::varchar[]", {"b": [b"\x00\xff", None], "s": ["é", ""]}
+                ).one()
+                assert got == ([b"\x00\xff", None], ["é", ""])
+    finally:
+        for engine in engines:
+            engine.dispose()
+
+
 def test_a_pooled_connection_is_checked_only_after_sitting_idle(
     new_database: Callable[[str], str], pg_admin: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
