@@ -35,7 +35,12 @@ class Cursor:
             start_ns, trace_id = orjson.loads(raw)
         except (binascii.Error, ValueError, TypeError, orjson.JSONDecodeError):
             raise StoreError("cursor is not one this service issued") from None
-        if not isinstance(start_ns, int) or not isinstance(trace_id, str) or len(trace_id) > 64:
+        if (
+            not isinstance(start_ns, int)
+            or not isinstance(trace_id, str)
+            or len(trace_id) > 64
+            or "\x00" in trace_id
+        ):
             raise StoreError("cursor is not one this service issued")
         return cls(start_ns, trace_id)
 

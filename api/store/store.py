@@ -211,6 +211,7 @@ class Store:
                     new_resources[rid] = blob
         if not rows:
             return InsertResult(0, 0)
+        keys = {k for k in keys if _storable_key(k[0])}
         with self._turn():
             counts = self._insert(rows, new_resources, keys, received)
         if self._wal is not None:
@@ -400,7 +401,7 @@ class Store:
 
     def traces_for_keys(self, keys: Iterable[str]) -> list[tuple[str, str]]:
         """(request key, trace id) for every trace holding one of these keys (stitching)."""
-        ks = sorted({k for k in keys if k})
+        ks = sorted({k for k in keys if _storable_key(k)})
         if not ks:
             return []
         with self.engine.connect() as conn:
@@ -532,11 +533,11 @@ class Store:
         if q.until_ns is not None:
             conds.append(start_col < q.until_ns)
         if q.node:
-            conds.append(or_(r.c.prefill_node == q.node, r.c.decode_node == q.node))
+            conds.append(or_(r.c.prefill_node == _text(q.node), r.c.decode_node == _text(q.node)))
         if q.pod:
-            conds.append(or_(r.c.prefill_pod == q.pod, r.c.decode_pod == q.pod))
+            conds.append(or_(r.c.prefill_pod == _text(q.pod), r.c.decode_pod == _text(q.pod)))
         if q.model:
-            conds.append(r.c.model == q.model)
+            conds.append(r.c.model == _text(q.model))
         if q.cursor:
             c = q.cursor
             conds.append(or_(start_col < c.start_ns, and_(start_col == c.start_ns, tid_col < c.trace_id)))
@@ -564,7 +565,7 @@ class Store:
         endpoint is what a dashboard polls, mostly for requests not assembled yet.
         """
         with self.engine.connect() as conn:
-            blob = conn.execute(self._q.summary_by_ident, {"ident": ident}).scalar()
+            blob = conn.execute(self._q.summary_by_ident, {"ident": _text(ident)}).scalar()
         return bytes(blob) if blob is not None else None
 
     def trace_exists(self, trace_id: str) -> bool:
@@ -926,24 +927,43 @@ def _request_row(s: RequestSummary, now_ns: int, flag_names: list[str]) -> dict[
     kv = s.kv_transfer
     return {
         "trace_id": s.trace_id,
-        "request_id": (s.request_id or None) and s.request_id[:256],
-        "model": (s.model or None) and s.model[:256],
+        "request_id": _text((s.request_id or None) and s.request_id[:256]),
+        "model": _text((s.model or None) and s.model[:256]),
         "start_ns": _start_ns(s),
-        "ttft_s": s.ttft_s,
-        "e2e_s": s.e2e_s,
+        # Floats as floats: PostgreSQL takes a page's values of a column as one array, which
+        # must be of one Python type (an int among floats would fail the whole page).
+        "ttft_s": _float(s.ttft_s),
+        "e2e_s": _float(s.e2e_s),
         "path_class": (kv.path_class if kv else None) or "unknown",
         "transport": (kv.transport if kv else None) or "unknown",
-        "kv_duration_s": kv.duration_s if kv else None,
+        "kv_duration_s": _float(kv.duration_s) if kv else None,
         "kv_bytes": kv.bytes if kv else None,
-        "prefill_pod": s.prefill.get("pod"),
-        "prefill_node": s.prefill.get("node"),
-        "decode_pod": s.decode.get("pod"),
-        "decode_node": s.decode.get("node"),
-        "pairing_level": s.pairing_level,
+        "prefill_pod": _text(s.prefill.get("pod")),
+        "prefill_node": _text(s.prefill.get("node")),
+        "decode_pod": _text(s.decode.get("pod")),
+        "decode_node": _text(s.decode.get("node")),
+        "pairing_level": _text(s.pairing_level),
         "flag_names": ",".join(flag_names),
         "summary": orjson.dumps(s.to_dict(), option=orjson.OPT_NON_STR_KEYS),
         "updated_ns": now_ns,
     }
+
+
+def _storable_key(key: str) -> bool:
+    """A request key that can be stored and looked up: PostgreSQL's text holds no NUL, and one
+    such key from a hostile span failed the whole commit it came in, at every retry. A request
+    id with a NUL in it is no id of the stack's: such keys stitch nothing, on either database."""
+    return bool(key) and "\x00" not in key
+
+
+def _text(value: str | None) -> str | None:
+    """A string for a text column, or to compare with one: NUL (which PostgreSQL's text cannot
+    hold) as U+FFFD, on both databases. The summary JSON keeps the value as sent."""
+    return value.replace("\x00", "\ufffd") if value and "\x00" in value else value
+
+
+def _float(value: float | None) -> float | None:
+    return None if value is None else float(value)
 
 
 MAX_ROWS_PER_STATEMENT = 1024

@@ -13,6 +13,7 @@ from service_helpers import settings_for
 
 from railtrace.model import Flag, KVSummary, RequestSummary, rfc3339
 from railtrace.server import create_app
+from railtrace.store.queries import Cursor
 from railtrace.store.schema import metadata
 
 T0 = 1_790_000_000 * 10**9
@@ -103,6 +104,7 @@ def test_filters_combine(client: TestClient) -> None:
         ({"cursor": "not-a-cursor"}, 400),
         ({"since": "2026-01-02T00:00:00Z", "until": "2026-01-01T00:00:00Z"}, 400),
         ({"node": "x" * 300}, 422),
+        ({"cursor": Cursor(1, "a\x00b").encode()}, 400),  # no cursor this service issued holds NUL
     ],
 )
 def test_bad_parameters_get_clear_errors(client: TestClient, params: dict, status: int) -> None:
@@ -115,6 +117,10 @@ def test_one_request_by_trace_or_request_id(client: TestClient) -> None:
     assert by_trace == client.get("/api/v1/requests/req-7").json()
     assert by_trace["request_id"] == "req-7"
     assert client.get(f"/api/v1/requests/{99:032x}").status_code == 404
+    # NUL, which PostgreSQL's text cannot hold, is no error: stored text has U+FFFD in its place.
+    assert client.get("/api/v1/requests/req%00-7").status_code == 404
+    hostile = {"node": "node\x00a", "pod": "p\x00", "model": "m\x00"}
+    assert client.get("/api/v1/requests", params=hostile).json()["items"] == []
     assert client.get("/api/v1/traces/not-hex").status_code == 400
     assert client.get(f"/api/v1/traces/{99:032x}").status_code == 404
 
