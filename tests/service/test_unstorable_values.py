@@ -11,6 +11,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
 from service_helpers import export_request, settings_for, trace_id
 from sqlalchemy import select
 
@@ -22,6 +25,20 @@ from railtrace.store import Store, make_engine, migrate
 from railtrace.store.schema import requests as requests_table
 from railtrace.topology import TopologyHolder
 from railtrace_tracing import semconv
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    engine = make_engine(db_url)
+    migrate(engine)
+    yield Store(engine)
+    engine.dispose()
+
+
+def _assembler(store: Store, db_url: str) -> Assembler:
+    """An assembler with no quiet period: a test's `run_once` stores whatever has arrived."""
+    settings = settings_for(db_url, quiet_period_s=0.0)
+    return Assembler(store, settings, Metrics(), default_pipeline(settings, TopologyHolder([]).get))
 
 
 def _with_kv_transfers(numbers: list[int], byte_values: list[object]) -> object:
@@ -45,30 +62,24 @@ def _with_kv_transfers(numbers: list[int], byte_values: list[object]) -> object:
     return call
 
 
-def test_a_kv_byte_count_past_64_bits_is_read_as_absent_and_nothing_else_is_lost(db_url: str) -> None:
-    engine = make_engine(db_url)
-    migrate(engine)
-    store = Store(engine)
-    settings = settings_for(db_url, quiet_period_s=0.0)
-    assembler = Assembler(store, settings, Metrics(), default_pipeline(settings, TopologyHolder([]).get))
+def test_a_kv_byte_count_past_64_bits_is_read_as_absent_and_nothing_else_is_lost(
+    store: Store, db_url: str
+) -> None:
+    assembler = _assembler(store, db_url)
     store.insert_batches([prepare(_with_kv_transfers([1, 2, 3], [1e300, 2**62, 3.0 * 2**20]))])
     assembler.run_once(now_ns=2**62)
-    with engine.connect() as conn:
+    with store.engine.connect() as conn:
         rows = dict(conn.execute(select(requests_table.c.trace_id, requests_table.c.kv_bytes)).all())
     assert rows == {trace_id(1): None, trace_id(2): 2**62, trace_id(3): 3 * 2**20}
     summary = store.get_request(trace_id(1))
     assert summary is not None and summary["kv_transfer"]["bytes"] is None
-    engine.dispose()
 
 
-def test_a_page_mixing_integer_and_float_times_is_stored(db_url: str) -> None:
+def test_a_page_mixing_integer_and_float_times_is_stored(store: Store) -> None:
     """PostgreSQL takes a page's values of a column as one array of one Python type: a TTFT
     that is an int among floats is stored as a float, not a failure of the whole page."""
     from railtrace.model import RequestSummary, rfc3339
 
-    engine = make_engine(db_url)
-    migrate(engine)
-    store = Store(engine)
     start = rfc3339(1_790_000_000 * 10**9)
     summaries = [
         RequestSummary(
@@ -87,20 +98,15 @@ def test_a_page_mixing_integer_and_float_times_is_stored(db_url: str) -> None:
         for n, t, e in ((1, 1, 2.5), (2, 0.25, 3), (3, None, 1.0))
     ]
     store.save_assembly(summaries, {}, (), 1)
-    with engine.connect() as conn:
+    with store.engine.connect() as conn:
         rows = conn.execute(
             select(requests_table.c.trace_id, requests_table.c.ttft_s, requests_table.c.e2e_s)
         ).all()
     assert sorted(rows) == [(trace_id(1), 1.0, 2.5), (trace_id(2), 0.25, 3.0), (trace_id(3), None, 1.0)]
-    engine.dispose()
 
 
-def test_nul_in_request_ids_and_names_costs_nothing_else(db_url: str) -> None:
-    engine = make_engine(db_url)
-    migrate(engine)
-    store = Store(engine)
-    settings = settings_for(db_url, quiet_period_s=0.0)
-    assembler = Assembler(store, settings, Metrics(), default_pipeline(settings, TopologyHolder([]).get))
+def test_nul_in_request_ids_and_names_costs_nothing_else(store: Store, db_url: str) -> None:
+    assembler = _assembler(store, db_url)
     hostile = export_request([1])
     for rs in hostile.resource_spans:
         for at in rs.resource.attributes:
@@ -117,7 +123,6 @@ def test_nul_in_request_ids_and_names_costs_nothing_else(db_url: str) -> None:
     hostile_summary, good = store.get_request(trace_id(1)), store.get_request(trace_id(2))
     assert good is not None and good["decode"]["pod"] == "decode-0"
     assert hostile_summary is not None and hostile_summary["decode"]["pod"] == "decode-0\x00x"
-    with engine.connect() as conn:
+    with store.engine.connect() as conn:
         pods = dict(conn.execute(select(requests_table.c.trace_id, requests_table.c.decode_pod)).all())
     assert pods == {trace_id(1): "decode-0\ufffdx", trace_id(2): "decode-0"}
-    engine.dispose()
