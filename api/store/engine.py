@@ -173,9 +173,8 @@ def _ping_idle_connections(engine: Engine) -> None:
             engine.dialect.do_ping(dbapi_conn)
         except Exception as exc:
             if engine.dialect.is_disconnect(exc, dbapi_conn, None):
-                raise DisconnectionError(
-                    "pooled connection lost while idle"
-                ) from exc  # the pool connects anew
+                # The pool discards this connection and connects anew.
+                raise DisconnectionError("pooled connection lost while idle") from exc
             raise
 
 
