@@ -37,6 +37,8 @@ def normalize_request_id(value: Any) -> str | None:
 
 @lru_cache(maxsize=8192)  # a request's spans repeat its ids; assembly reads them all together
 def _normalize_id(value: str) -> str | None:
+    if "\x00" in value:  # no id of the stack's; PostgreSQL's text could not hold it as a key
+        return None
     key = value.strip().lower()
     for prefix in table.REQUEST_ID_PREFIXES:
         if key.startswith(prefix):

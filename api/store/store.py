@@ -211,7 +211,6 @@ class Store:
                     new_resources[rid] = blob
         if not rows:
             return InsertResult(0, 0)
-        keys = {k for k in keys if _storable_key(k[0])}
         with self._turn():
             counts = self._insert(rows, new_resources, keys, received)
         if self._wal is not None:
@@ -401,7 +400,7 @@ class Store:
 
     def traces_for_keys(self, keys: Iterable[str]) -> list[tuple[str, str]]:
         """(request key, trace id) for every trace holding one of these keys (stitching)."""
-        ks = sorted({k for k in keys if _storable_key(k)})
+        ks = sorted({k for k in keys if k})
         if not ks:
             return []
         with self.engine.connect() as conn:
@@ -947,13 +946,6 @@ def _request_row(s: RequestSummary, now_ns: int, flag_names: list[str]) -> dict[
         "summary": orjson.dumps(s.to_dict(), option=orjson.OPT_NON_STR_KEYS),
         "updated_ns": now_ns,
     }
-
-
-def _storable_key(key: str) -> bool:
-    """A request key that can be stored and looked up: PostgreSQL's text holds no NUL, and one
-    such key from a hostile span failed the whole commit it came in, at every retry. A request
-    id with a NUL in it is no id of the stack's: such keys stitch nothing, on either database."""
-    return bool(key) and "\x00" not in key
 
 
 def _text(value: str | None) -> str | None:

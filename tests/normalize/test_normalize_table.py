@@ -122,6 +122,7 @@ def test_llm_request_leg_from_the_span_alone(service: str, attrs: dict[str, obje
         ("3f2b8c1e-9a4d-4e7b-8c2f-123456789012", "3f2b8c1e-9a4d-4e7b-8c2f-123456789012"),
         ("req-7", "req-7"),
         ("abc", None),
+        ("req\x00-7", None),  # NUL: no id of the stack's, and no database text can hold it
         (42, None),
         (None, None),
     ],

@@ -6,7 +6,8 @@
   read as absent.
 - PostgreSQL's text cannot hold NUL: a request id with one in it failed the whole ingest commit
   it came in (every export batched with it, at every retry), and a pod name with one failed its
-  page of requests. Such a key stitches nothing, and text columns hold U+FFFD in its place.
+  page of requests. Such an id is no request key (`normalize_request_id`), so it stitches
+  nothing, and text columns hold U+FFFD in its place.
 """
 
 from __future__ import annotations
