@@ -144,6 +144,15 @@ def make_engine(url: str, *, sqlite_synchronous: str = "NORMAL", derived_only: b
     raise ValueError(f"unsupported database URL {parsed.render_as_string(hide_password=True)!r}")
 
 
+def pg_has_lz4(conn: Connection) -> bool:
+    """Whether this PostgreSQL server can compress with lz4 (14 or later, built with it);
+    False on SQLite. Migration 0006 compresses span bodies with it where it can."""
+    if conn.dialect.name != "postgresql":
+        return False
+    probe = "SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'"
+    return bool(conn.exec_driver_sql(probe).scalar())  # no row before PostgreSQL 14
+
+
 # A pooled PostgreSQL connection that sat unused this long is checked with a round trip before
 # it is handed out (`_ping_idle_connections`).
 PING_IDLE_S = 1.0

@@ -23,7 +23,7 @@ from railtrace.otlp import decode
 from railtrace.otlp.decode import DEFAULT_DROP, DecodeResult, attributes, parse_protobuf
 from railtrace.otlp.encode import key_value as kv
 from railtrace.store import Store, make_engine, migrate
-from railtrace.store.engine import alembic_config
+from railtrace.store.engine import alembic_config, pg_has_lz4
 from railtrace.store.rows import (
     RECORD_HEADER,
     chunk_records,
@@ -36,8 +36,6 @@ from tests.fixtures.otlp_fixtures import protobuf_body, scenario_names, split_pr
 sys.path.insert(0, str(Path(__file__).parent))
 from service_helpers import export_request, trace_id
 
-# The server's lz4 (PostgreSQL 14 or later, built with it), as migration 0006 asks.
-_HAS_LZ4 = "SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'"
 OLD_COLUMNS = (
     "trace_id, span_id, parent_span_id, name, service_name, start_ns, end_ns, status_code,"
     " resource_id, received_ns, body"
@@ -107,7 +105,7 @@ def test_postgresql_compresses_chunk_bodies_with_lz4(new_database: Callable[[str
     assert min(len(r[4]) for r in batch.chunks) > 4000
     store.insert_batches([batch])
     with engine.connect() as conn:
-        lz4 = conn.exec_driver_sql(_HAS_LZ4).scalar()
+        lz4 = pg_has_lz4(conn)
         methods = set(conn.exec_driver_sql("SELECT pg_column_compression(body) FROM span_chunks").scalars())
         declared = conn.exec_driver_sql(
             "SELECT attcompression FROM pg_attribute"

@@ -11,27 +11,21 @@ Revision ID: 0006
 Revises: 0005
 """
 
-import sqlalchemy as sa
 from alembic import op
+
+from railtrace.store.engine import pg_has_lz4
 
 revision = "0006"
 down_revision = "0005"
 branch_labels = None
 depends_on = None
 
-# One row on PostgreSQL 14 and later, none before (no per-column compression then).
-_HAS_LZ4 = "SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'"
-
-
-def _lz4_available(bind: sa.Connection) -> bool:
-    return bind.dialect.name == "postgresql" and bool(bind.exec_driver_sql(_HAS_LZ4).scalar())
-
 
 def upgrade() -> None:
-    if _lz4_available(op.get_bind()):
+    if pg_has_lz4(op.get_bind()):
         op.execute("ALTER TABLE span_chunks ALTER COLUMN body SET COMPRESSION lz4")
 
 
 def downgrade() -> None:
-    if _lz4_available(op.get_bind()):
+    if pg_has_lz4(op.get_bind()):
         op.execute("ALTER TABLE span_chunks ALTER COLUMN body SET COMPRESSION default")
