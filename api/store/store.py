@@ -54,9 +54,9 @@ MAX_KNOWN_RESOURCES = 100_000
 # Seconds between the span writer's passive WAL checkpoints (`Store._checkpoint`).
 CHECKPOINT_INTERVAL_S = 0.5
 _COPY_TYPES = ["text", "int8", "int8", "int4", "bytea"]
-# PostgreSQL: a commit's request keys and trace rows, each as one statement taking one array per
-# column (see `_rows_as_arrays`), where executemany executed one statement per row. The trace
-# upsert is `Store._sql_trace`'s, for rows that all arrived at one time (the first parameters).
+# PostgreSQL: a commit's request keys and trace rows, the rows of `Store._sql_key` and
+# `Store._sql_trace`, each as one statement taking one array per column (see `_rows_as_arrays`),
+# where executemany executed one statement per row.
 _PG_INSERT_KEYS = (
     "INSERT INTO trace_keys (request_key, trace_id)"
     " SELECT * FROM unnest(%s::text[], %s::text[]) ON CONFLICT DO NOTHING"
@@ -73,9 +73,8 @@ _TRACE_ARRIVED_AGAIN = (
 )
 _TRACE_COLUMNS = "trace_id, first_arrival_ns, last_arrival_ns, span_count, has_root, dirty, late_spans"
 _PG_UPSERT_TRACES = (
-    f"INSERT INTO traces ({_TRACE_COLUMNS})"
-    " SELECT u.trace_id, %s::int8, %s::int8, u.span_count, u.has_root, TRUE, 0"
-    " FROM unnest(%s::text[], %s::int4[], %s::bool[]) AS u(trace_id, span_count, has_root)"
+    f"INSERT INTO traces ({_TRACE_COLUMNS}) SELECT *, TRUE, 0"
+    " FROM unnest(%s::text[], %s::int8[], %s::int8[], %s::int4[], %s::bool[])"
     f"{_TRACE_ARRIVED_AGAIN}"
 )
 # The per-connection table ingest's COPY writes chunk rows to (`Store._insert_chunks`).
@@ -251,23 +250,18 @@ class Store:
                 counts[r[0]] += r[3]
                 if r[5]:
                     roots.add(r[0])
-            if keys:
+            key_rows = sorted(keys)
+            trace_rows = [(tid, received, received, n, tid in roots) for tid, n in sorted(counts.items())]
+            for sql, pg_sql, these in (
+                (self._sql_key, _PG_INSERT_KEYS, key_rows),
+                (self._sql_trace, _PG_UPSERT_TRACES, trace_rows),
+            ):
+                if not these:
+                    continue
                 if self.sqlite:
-                    self._insert_rows(conn, self._sql_key, sorted(keys))
-                else:
-                    ordered = sorted(keys)
-                    conn.exec_driver_sql(_PG_INSERT_KEYS, ([k for k, _ in ordered], [t for _, t in ordered]))
-            if counts:
-                if self.sqlite:
-                    self._insert_rows(
-                        conn,
-                        self._sql_trace,
-                        [(tid, received, received, n, tid in roots) for tid, n in sorted(counts.items())],
-                    )
-                else:
-                    ids = sorted(counts)
-                    spans, root = [counts[t] for t in ids], [t in roots for t in ids]
-                    conn.exec_driver_sql(_PG_UPSERT_TRACES, (received, received, ids, spans, root))
+                    self._insert_rows(conn, sql, these)
+                else:  # the same rows, one array per column
+                    conn.exec_driver_sql(pg_sql, tuple(list(column) for column in zip(*these, strict=True)))
         return counts
 
     def _insert_chunks(self, conn: Connection, rows: list[list[Any]]) -> int:
