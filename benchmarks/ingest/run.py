@@ -127,14 +127,15 @@ def end_to_end(
             elapsed, retries = post_all(base, calls, clients)
             server_cpu = cpu_seconds(proc.pid) - cpu0
             engine = create_engine(database.url)
-            stored = Store(engine).count_spans()
+            store = Store(engine)
+            stored = store.count_spans()
             if stored != n_spans:
                 raise RuntimeError(f"{stored} spans stored, {n_spans} acknowledged")
             assembled_rate = None
             if not (quiet_period and quiet_period > 60):  # wait for every request summary
                 deadline = time.monotonic() + 1800
                 while time.monotonic() < deadline:
-                    if Store(engine).count_dirty() == 0:
+                    if store.count_dirty() == 0:
                         assembled_rate = rate(n_spans, time.perf_counter() - t)
                         break
                     time.sleep(0.2)

@@ -178,11 +178,12 @@ def load_railtrace(
     acked, retries = post_all(base, calls, clients)
     engine = create_engine(db_url)
     try:
-        stored = Store(engine).count_spans()
+        store = Store(engine)
+        stored = store.count_spans()
         if stored != total:
             raise RuntimeError(f"railtrace holds {stored} spans, {total} acknowledged")
         while True:
-            if Store(engine).count_dirty() == 0:
+            if store.count_dirty() == 0:
                 break
             time.sleep(0.2)
     finally:
