@@ -180,6 +180,20 @@ class Store:
                 yield
 
     @contextlib.contextmanager
+    def _read(self) -> Iterator[Connection]:
+        """A read-only transaction, ended by COMMIT.
+
+        Why not the ROLLBACK that closing a connection would send: psycopg forgets every
+        statement it prepared on a connection at each ROLLBACK (and has the server drop them),
+        so no statement of the store stayed prepared from one call to the next, and PostgreSQL
+        parsed and planned each run anew (planning alone 0.15-0.5 ms per run of an assembly
+        statement; benchmarks/verdicts/README.md). A read that fails still rolls back.
+        """
+        with self.engine.connect() as conn:
+            yield conn
+            conn.commit()
+
+    @contextlib.contextmanager
     def _begin(self) -> Iterator[Connection]:
         """A write transaction, in this writer's turn."""
         with self._turn(), self.engine.begin() as conn:
@@ -317,7 +331,7 @@ class Store:
             .order_by(traces.c.last_arrival_ns)
             .limit(limit)
         )
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return [DirtyTrace(r[0], r[1], r[2], r[3] is not None) for r in conn.execute(q)]
 
     def claim_ready(
@@ -355,7 +369,7 @@ class Store:
             "again": listed(again, self.sqlite),
         }
         with self._begin() as conn:
-            rows = conn.execute(self._q.claim_ready, params).all()
+            rows = _fetch_unprepared(conn, self._q.claim_ready, params)
         if skip:  # only if their lease ran out: it is renewed, they are not returned
             rows = [r for r in rows if r[0] not in skip]
         rows.sort(key=lambda r: (r[1], r[0]))
@@ -380,7 +394,7 @@ class Store:
             _release(conn, owner, ids, self.sqlite)
 
     def count_dirty(self) -> int:
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return int(conn.execute(select(func.count()).where(READY)).scalar_one())
 
     def trace_states(self, trace_ids: Iterable[str]) -> dict[str, DirtyTrace]:
@@ -388,7 +402,7 @@ class Store:
         ids = sorted(set(trace_ids))
         if not ids:
             return {}
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             rows = conn.execute(self._q.trace_states, {"ids": listed(ids, self.sqlite)}).all()
         return {r[0]: DirtyTrace(r[0], r[1], r[2], r[3] is not None, bool(r[4])) for r in rows}
 
@@ -397,7 +411,7 @@ class Store:
         ks = sorted({k for k in keys if k})
         if not ks:
             return []
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return [
                 (r[0], r[1]) for r in conn.execute(self._q.traces_for_keys, {"ids": listed(ks, self.sqlite)})
             ]
@@ -412,7 +426,7 @@ class Store:
             return out
         read = records_reader()
         known = self._resources
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             for group in _chunks(ids, 200):
                 rows = _fetch_binary(conn, self._q.chunks, {"ids": listed(group, self.sqlite)})
                 chunks = [(tid, chunk_records(body)) for tid, body in rows]
@@ -443,14 +457,14 @@ class Store:
 
     def count_spans(self) -> int:
         """Spans stored (a span re-sent inside a different export call counts twice)."""
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             total = conn.execute(select(func.sum(span_chunks.c.span_count))).scalar_one()
         return int(total or 0)
 
     def span_ids(self) -> set[tuple[str, str]]:
         """(trace id, span id) of every stored span; reads every chunk, so for checks and tests."""
         out: set[tuple[str, str]] = set()
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             for tid, body in conn.execute(select(span_chunks.c.trace_id, span_chunks.c.body)):
                 out.update((tid, PbSpan.FromString(enc).span_id.hex()) for _, enc in chunk_records(body))
         return out
@@ -460,7 +474,7 @@ class Store:
         ids = sorted(set(trace_ids))
         if not ids:
             return {}
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             rows = conn.execute(self._q.previous_summaries, {"ids": listed(ids, self.sqlite)}).all()
         return {tid: orjson.loads(blob) for tid, blob in rows}
 
@@ -537,7 +551,7 @@ class Store:
         if conds:
             stmt = stmt.where(*conds)
         stmt = stmt.order_by(start_col.desc(), tid_col.desc()).limit(q.limit + 1)
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             rows = conn.execute(stmt).all()
         page = Page(items=[orjson.loads(row[0]) for row in rows[: q.limit]])
         if len(rows) > q.limit:
@@ -557,12 +571,12 @@ class Store:
         stitched trace of it, its request id), in that order of preference: the detail
         endpoint is what a dashboard polls, mostly for requests not assembled yet.
         """
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             blob = conn.execute(self._q.summary_by_ident, {"ident": _text(ident)}).scalar()
         return bytes(blob) if blob is not None else None
 
     def trace_exists(self, trace_id: str) -> bool:
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return (
                 conn.execute(select(traces.c.trace_id).where(traces.c.trace_id == trace_id)).first()
                 is not None
@@ -580,7 +594,7 @@ class Store:
         lo = None if since_ns is None else -hour_of(-since_ns)  # start of the first whole hour
         hi = None if until_ns is None else hour_of(until_ns)  # end of the last one
         parts: list[Iterable[tuple[tuple[Any, ...], tuple[Any, ...]]]] = []
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             if lo is not None and hi is not None and lo >= hi:  # no whole hour inside
                 parts.append(_raw_stats(conn, group_by, since_ns, until_ns))
             else:
@@ -643,7 +657,7 @@ class Store:
         """
         if self.sqlite:
             return []
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             rows = conn.execute(_TABLE_GROWTH, {"tables": list(_ANALYZE)}).all()
         stale = sorted(name for name, known, live in rows if live > 2 * max(known, STATISTICS_MIN_ROWS))
         for name in stale:
@@ -653,7 +667,7 @@ class Store:
         return stale
 
     def ping(self) -> None:
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             conn.execute(text("SELECT 1"))
 
 
@@ -836,6 +850,24 @@ def _executemany(conn: Connection, stmt: Executable, rows: Sequence[dict[str, An
         conn.exec_driver_sql(sql, [tuple([row[k] for k in order]) for row in rows])
 
 
+def _fetch_unprepared(conn: Connection, stmt: Executable, params: dict[str, Any]) -> list[Any]:
+    """`stmt`'s rows, planned for these values every time: never a prepared statement.
+
+    Why, for the look for ready traces: once prepared, PostgreSQL may plan it once for any
+    values, and that generic plan walked `ix_traces_last_arrival` from the oldest trace kept,
+    filtering out every assembled one (as `dirty IS true` did, `test_ready_traces.py`), where
+    a plan for the values reads `ix_traces_ready`.
+    """
+    if is_sqlite(conn):
+        return conn.execute(stmt, params).all()
+    sql, _ = _compiled(stmt, conn.dialect)
+    if not conn.in_transaction():
+        conn.begin()
+    with conn.connection.cursor() as cur:
+        cur.execute(sql, params, prepare=False)
+        return cur.fetchall()
+
+
 def _fetch_binary(conn: Connection, stmt: Executable, params: dict[str, Any]) -> list[Any]:
     """`stmt`'s rows; from PostgreSQL in its binary format.
 
@@ -845,6 +877,8 @@ def _fetch_binary(conn: Connection, stmt: Executable, params: dict[str, Any]) ->
     if is_sqlite(conn):
         return conn.execute(stmt, params).all()
     sql, _ = _compiled(stmt, conn.dialect)
+    if not conn.in_transaction():  # the driver's cursor joins the transaction the caller ends
+        conn.begin()
     cur = conn.connection.cursor(binary=True)
     try:
         cur.execute(sql, params)
