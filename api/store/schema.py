@@ -85,7 +85,6 @@ traces = Table(
 READY = traces.c.dirty == true()
 Index("ix_traces_ready", traces.c.last_arrival_ns, postgresql_where=READY, sqlite_where=READY)
 Index("ix_traces_last_arrival", traces.c.last_arrival_ns)
-Index("ix_traces_request", traces.c.request_trace_id)
 
 requests = Table(
     "requests",

@@ -1,4 +1,5 @@
-"""Helpers for the service tests: OTLP payloads shaped like real llm-d P/D traces, settings."""
+"""Helpers for the service tests: OTLP payloads shaped like real llm-d P/D traces, settings,
+query plans."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 from railtrace.otlp.encode import key_value as kv
 from railtrace.settings import Settings
+from railtrace.store import Store
 
 T0 = 1_790_000_000 * 10**9
 
@@ -138,3 +140,16 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "c
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
+
+
+def query_plan(store: Store, stmt: Any, params: dict[str, Any]) -> list[str]:
+    """`stmt`'s plan; PostgreSQL is told to avoid full scans wherever it can (on a table this
+    small it would scan rather than look ids up), so that one that remains is one no index allows."""
+    with store.engine.begin() as conn:
+        compiled = stmt.compile(dialect=conn.dialect)
+        values = compiled.construct_params(params)
+        if store.sqlite:
+            ordered = tuple(values[k] for k in compiled.positiontup or ())
+            return [row[-1] for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + str(compiled), ordered)]
+        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        return [row[0] for row in conn.exec_driver_sql("EXPLAIN " + str(compiled), values)]

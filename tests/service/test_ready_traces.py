@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import insert, inspect, update
 
@@ -20,7 +19,7 @@ from railtrace.store.schema import traces
 from railtrace.store.store import _statements, listed
 
 sys.path.insert(0, str(Path(__file__).parent))
-from service_helpers import trace_id
+from service_helpers import query_plan, trace_id
 
 HISTORY = 5_000  # assembled traces kept
 WAITING = 20  # traces awaiting assembly, the newest
@@ -50,19 +49,6 @@ def _store_with_history(db_url: str) -> Store:
     return Store(engine)
 
 
-def _plan(store: Store, stmt: Any, params: dict[str, Any]) -> list[str]:
-    """`stmt`'s plan; PostgreSQL is told to avoid full scans wherever it can (on a table this
-    small it would scan rather than look ids up), so that one that remains is one no index allows."""
-    with store.engine.begin() as conn:
-        compiled = stmt.compile(dialect=conn.dialect)
-        values = compiled.construct_params(params)
-        if store.sqlite:
-            ordered = tuple(values[k] for k in compiled.positiontup or ())
-            return [row[-1] for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + str(compiled), ordered)]
-        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
-        return [row[0] for row in conn.exec_driver_sql("EXPLAIN " + str(compiled), values)]
-
-
 def test_the_look_for_ready_traces_reads_the_ready_index(db_url: str) -> None:
     """The claim's plan finds its candidates through `ix_traces_ready` (not by walking every
     trace kept in arrival order, nor by a full scan), and it claims exactly the waiting ones."""
@@ -77,7 +63,7 @@ def test_the_look_for_ready_traces_reads_the_ready_index(db_url: str) -> None:
         "limit": 128,
         "again": listed([], store.sqlite),
     }
-    plan = _plan(store, q.claim_ready, params)
+    plan = query_plan(store, q.claim_ready, params)
     assert any("ix_traces_ready" in line for line in plan), plan
     assert not any("ix_traces_last_arrival" in line or "Seq Scan on traces" in line for line in plan), plan
     claimed = store.claim_ready("a", HISTORY, 0, HISTORY, 10**9, limit=128)

@@ -15,9 +15,10 @@ from sqlalchemy import insert
 from railtrace.server.app import create_app
 from railtrace.store import Store, make_engine, migrate
 from railtrace.store.schema import requests, traces
+from railtrace.store.store import _statements, listed
 
 sys.path.insert(0, str(Path(__file__).parent))
-from service_helpers import settings_for, trace_id
+from service_helpers import query_plan, settings_for, trace_id
 
 
 def _summary(primary: str, request_id: str | None, start_ns: int) -> bytes:
@@ -82,6 +83,31 @@ def test_lookup_prefers_primary_then_stitched_then_request_id(store: Store) -> N
     assert found(trace_id(9)) is None
     assert found("") is None
     assert store.get_request_json(trace_id(2)) == _summary(trace_id(1), "req-shared", 100)
+
+
+def test_lookups_through_a_stitched_trace_read_both_tables_by_primary_key(db_url: str) -> None:
+    """The detail lookup and the summaries a group supersedes find the trace by its key, then
+    its request by the request's key: `traces.request_trace_id` needs no index of its own
+    (migration 0007 dropped it; every row version of `traces` wrote an entry into it)."""
+    engine = make_engine(db_url)
+    migrate(engine)
+    s = Store(engine)
+    n = 2_000
+    with engine.begin() as conn:
+        conn.execute(insert(requests), [_request_row(trace_id(i), f"r{i}", i) for i in range(0, n, 2)])
+        conn.execute(insert(traces), [_trace_row(trace_id(i), trace_id(i - i % 2)) for i in range(n)])
+        if not s.sqlite:
+            conn.exec_driver_sql("ANALYZE traces")
+            conn.exec_driver_sql("ANALYZE requests")
+    q = _statements(s.sqlite)
+    ids = listed([trace_id(3), trace_id(5)], s.sqlite)
+    for stmt, params in ((q.summary_by_ident, {"ident": trace_id(3)}), (q.previous_summaries, {"ids": ids})):
+        plan = query_plan(s, stmt, params)
+        scans = ("Seq Scan on traces", "Seq Scan on requests", "SCAN traces", "SCAN requests")
+        assert not [line for line in plan if any(scan in line for scan in scans)], plan
+        assert "ix_traces_request" not in " ".join(plan)
+    assert sorted(s.previous_summaries([trace_id(3), trace_id(4)])) == [trace_id(2), trace_id(4)]
+    engine.dispose()
 
 
 def test_detail_answers_with_the_stored_json(db_url: str, store: Store) -> None:
