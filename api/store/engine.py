@@ -92,15 +92,6 @@ def make_engine(url: str, *, sqlite_synchronous: str = "NORMAL", derived_only: b
     traces dirty, to be assembled again. Why: each assembly commit held SQLite's one write lock
     for an fsync (~3.5 ms on this kind of disk, several per assembly step), which the ingest
     writer and the other assembly processes queued behind.
-
-    PostgreSQL statements stay prepared on their connection (psycopg prepares one the fifth time
-    it runs; `Store._read`), and after five runs the server may switch a prepared statement to
-    one generic plan for any values. Other engines keep a plan for each run's values
-    (`plan_cache_mode=force_custom_plan`): the API's queries filter by values whose best plan
-    differs (a rare or a common flag, an hour or a week). Assembly's statements look rows up by
-    id lists and write by arrays, one plan for any values, so its engine lets them go generic
-    and plans nothing per run; the one exception, the look for ready traces, is never prepared
-    (`Store.claim_ready`).
     """
     if sqlite_synchronous.upper() not in SQLITE_SYNCHRONOUS:
         raise ValueError(f"sqlite_synchronous must be one of {', '.join(SQLITE_SYNCHRONOUS)}")
@@ -141,14 +132,13 @@ def make_engine(url: str, *, sqlite_synchronous: str = "NORMAL", derived_only: b
             sixth of an assembly process's time under load."""
             dbapi_conn.adapters.register_dumper(list, ListBinaryDumper)  # the last one is %s's
 
-        @event.listens_for(engine, "connect")
-        def _session_settings(dbapi_conn: Any, _record: Any) -> None:
-            with dbapi_conn.cursor() as cur:
-                if derived_only:
+        if derived_only:
+
+            @event.listens_for(engine, "connect")
+            def _no_commit_wait(dbapi_conn: Any, _record: Any) -> None:
+                with dbapi_conn.cursor() as cur:
                     cur.execute("SET synchronous_commit TO off")
-                else:
-                    cur.execute("SET plan_cache_mode TO force_custom_plan")
-            dbapi_conn.commit()
+                dbapi_conn.commit()
 
         return engine
     raise ValueError(f"unsupported database URL {parsed.render_as_string(hide_password=True)!r}")

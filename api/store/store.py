@@ -180,23 +180,29 @@ class Store:
                 yield
 
     @contextlib.contextmanager
-    def _read(self) -> Iterator[Connection]:
-        """A read-only transaction, ended by COMMIT.
+    def _read(self, per_value_plans: bool = False) -> Iterator[Connection]:
+        """A read-only transaction, ended by COMMIT (`per_value_plans`: see `_per_value_plans`).
 
         Why not the ROLLBACK that closing a connection would send: psycopg forgets every
         statement it prepared on a connection at each ROLLBACK (and has the server drop them),
         so no statement of the store stayed prepared from one call to the next, and PostgreSQL
         parsed and planned each run anew (planning alone 0.15-0.5 ms per run of an assembly
-        statement; benchmarks/verdicts/README.md). A read that fails still rolls back.
+        statement, and of the request detail lookup; benchmarks/verdicts/README.md). A read that
+        fails still rolls back.
         """
         with self.engine.connect() as conn:
-            yield conn
+            with _per_value_plans(conn) if per_value_plans else contextlib.nullcontext():
+                yield conn
             conn.commit()
 
     @contextlib.contextmanager
-    def _begin(self) -> Iterator[Connection]:
+    def _begin(self, per_value_plans: bool = False) -> Iterator[Connection]:
         """A write transaction, in this writer's turn."""
-        with self._turn(), self.engine.begin() as conn:
+        with (
+            self._turn(),
+            self.engine.begin() as conn,
+            _per_value_plans(conn) if per_value_plans else contextlib.nullcontext(),
+        ):
             yield conn
 
     def insert_batches(self, batches: Sequence[RowBatch]) -> InsertResult:
@@ -331,7 +337,7 @@ class Store:
             .order_by(traces.c.last_arrival_ns)
             .limit(limit)
         )
-        with self._read() as conn:
+        with self._read(per_value_plans=True) as conn:
             return [DirtyTrace(r[0], r[1], r[2], r[3] is not None) for r in conn.execute(q)]
 
     def claim_ready(
@@ -368,8 +374,8 @@ class Store:
             "limit": limit,
             "again": listed(again, self.sqlite),
         }
-        with self._begin() as conn:
-            rows = _fetch_unprepared(conn, self._q.claim_ready, params)
+        with self._begin(per_value_plans=True) as conn:
+            rows = conn.execute(self._q.claim_ready, params).all()
         if skip:  # only if their lease ran out: it is renewed, they are not returned
             rows = [r for r in rows if r[0] not in skip]
         rows.sort(key=lambda r: (r[1], r[0]))
@@ -551,7 +557,7 @@ class Store:
         if conds:
             stmt = stmt.where(*conds)
         stmt = stmt.order_by(start_col.desc(), tid_col.desc()).limit(q.limit + 1)
-        with self._read() as conn:
+        with self._read(per_value_plans=True) as conn:
             rows = conn.execute(stmt).all()
         page = Page(items=[orjson.loads(row[0]) for row in rows[: q.limit]])
         if len(rows) > q.limit:
@@ -594,7 +600,7 @@ class Store:
         lo = None if since_ns is None else -hour_of(-since_ns)  # start of the first whole hour
         hi = None if until_ns is None else hour_of(until_ns)  # end of the last one
         parts: list[Iterable[tuple[tuple[Any, ...], tuple[Any, ...]]]] = []
-        with self._read() as conn:
+        with self._read(per_value_plans=True) as conn:
             if lo is not None and hi is not None and lo >= hi:  # no whole hour inside
                 parts.append(_raw_stats(conn, group_by, since_ns, until_ns))
             else:
@@ -629,7 +635,7 @@ class Store:
     def delete_older_than(self, cutoff_ns: int, batch: int = 500) -> int:
         """Delete one bounded batch of traces (spans, request rows) last touched before `cutoff_ns`.
         Returns how many traces went; call again until 0."""
-        with self._begin() as conn:
+        with self._begin(per_value_plans=True) as conn:
             ids = [
                 r[0]
                 for r in conn.execute(
@@ -850,22 +856,29 @@ def _executemany(conn: Connection, stmt: Executable, rows: Sequence[dict[str, An
         conn.exec_driver_sql(sql, [tuple([row[k] for k in order]) for row in rows])
 
 
-def _fetch_unprepared(conn: Connection, stmt: Executable, params: dict[str, Any]) -> list[Any]:
-    """`stmt`'s rows, planned for these values every time: never a prepared statement.
+@contextlib.contextmanager
+def _per_value_plans(conn: Connection) -> Iterator[None]:
+    """PostgreSQL: no statement run in this block is prepared, so each run is planned for its
+    values. Every other statement of the store stays prepared, and after five runs PostgreSQL
+    may plan it once for any values.
 
-    Why, for the look for ready traces: once prepared, PostgreSQL may plan it once for any
-    values, and that generic plan walked `ix_traces_last_arrival` from the oldest trace kept,
-    filtering out every assembled one (as `dirty IS true` did, `test_ready_traces.py`), where
-    a plan for the values reads `ix_traces_ready`.
+    Why: the id-list lookups and the writes have one best plan whatever the values, but some
+    statements do not. A generic plan of the look for ready traces walked `ix_traces_last_arrival`
+    from the oldest trace kept, filtering out every assembled one (as `dirty IS true` once did,
+    `test_ready_traces.py`), where a plan for the values reads `ix_traces_ready`; the API's lists
+    and statistics filter by a flag that may be rare or common and a window of an hour or a
+    week; retention's look for expired traces by a cutoff.
     """
     if is_sqlite(conn):
-        return conn.execute(stmt, params).all()
-    sql, _ = _compiled(stmt, conn.dialect)
-    if not conn.in_transaction():
-        conn.begin()
-    with conn.connection.cursor() as cur:
-        cur.execute(sql, params, prepare=False)
-        return cur.fetchall()
+        yield
+        return
+    driver = conn.connection.driver_connection
+    threshold = driver.prepare_threshold  # type: ignore[union-attr]
+    driver.prepare_threshold = None  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        driver.prepare_threshold = threshold  # type: ignore[union-attr]
 
 
 def _fetch_binary(conn: Connection, stmt: Executable, params: dict[str, Any]) -> list[Any]:

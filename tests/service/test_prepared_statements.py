@@ -1,9 +1,9 @@
 """PostgreSQL: the store's statements stay prepared on their connection from one call to the
-next, and each engine plans them as its statements need.
+next, except those whose best plan depends on their values (`store._per_value_plans`).
 
 psycopg prepares a statement the fifth time a connection runs it, and forgets every one at
 each ROLLBACK, which is how closing a connection used to end a read. No statement of the store
-ever stayed prepared, so the server parsed and planned each run of each statement anew.
+stayed prepared, so the server parsed and planned each run of each statement anew.
 """
 
 from __future__ import annotations
@@ -12,16 +12,15 @@ from collections.abc import Callable
 
 import pytest
 
-from railtrace.store import Store, make_engine, migrate
-from railtrace.store.engine import is_sqlite
+from railtrace.store import RequestQuery, Store, make_engine, migrate
 
 RUNS = 8  # more than psycopg's prepare threshold (5)
 
 
-def _assembly_store(new_database: Callable[[str], str]) -> Store:
+def _store(new_database: Callable[[str], str], derived_only: bool = True) -> Store:
     url = new_database("postgresql")
     migrate(make_engine(url))
-    return Store(make_engine(url, derived_only=True))
+    return Store(make_engine(url, derived_only=derived_only))
 
 
 def _prepared(store: Store) -> list[str]:
@@ -34,7 +33,7 @@ def _prepared(store: Store) -> list[str]:
 
 
 def test_reads_stay_prepared_from_one_call_to_the_next(new_database: Callable[[str], str]) -> None:
-    store = _assembly_store(new_database)
+    store = _store(new_database)
     ids = [f"{i:032x}" for i in range(3)]
     for _ in range(RUNS):
         assert store.trace_states(ids) == {}
@@ -48,30 +47,26 @@ def test_reads_stay_prepared_from_one_call_to_the_next(new_database: Callable[[s
     store.engine.dispose()
 
 
-def test_the_look_for_ready_traces_is_never_prepared(new_database: Callable[[str], str]) -> None:
-    """A generic plan for it walked the whole history (`_fetch_unprepared`)."""
-    store = _assembly_store(new_database)
+def test_statements_planned_for_their_values_are_never_prepared(new_database: Callable[[str], str]) -> None:
+    """The look for ready traces (its generic plan walked the whole history), the API's lists
+    and statistics, retention's look for expired traces; the detail lookup is prepared."""
+    store = _store(new_database, derived_only=False)
     for n in range(RUNS):
         assert store.claim_ready("a", n, n, n, 10**9, limit=8) == []
-    assert not any("claimed_by" in s for s in _prepared(store))
+        assert store.list_requests(RequestQuery(flag="tcp_fallback", since_ns=n, limit=10)).items == []
+        assert store.stats("flag", n, n + 7_200 * 10**9) == []
+        assert store.delete_older_than(n) == 0
+        assert store.get_request_json("0" * 32) is None
+    prepared = _prepared(store)
+    per_value = ("claimed_by", "JOIN request_flags", "stats_hourly", "GROUP BY", "last_arrival_ns <")
+    assert not [s for s in prepared if any(text in s for text in per_value)], prepared
+    assert any("pref" in s for s in prepared), prepared  # the detail lookup
     store.engine.dispose()
 
 
 def test_a_failed_read_rolls_back_and_the_next_one_works(new_database: Callable[[str], str]) -> None:
-    store = _assembly_store(new_database)
+    store = _store(new_database)
     with pytest.raises(Exception, match="no_such_table"), store._read() as conn:
         conn.exec_driver_sql("SELECT * FROM no_such_table")
     assert store.trace_states(["0" * 32]) == {}
     store.engine.dispose()
-
-
-def test_plan_cache_mode_per_engine(new_database: Callable[[str], str]) -> None:
-    """The serve process plans the API's filters for their values; assembly's id-list
-    statements may use one generic plan."""
-    url = new_database("postgresql")
-    serving, assembling = make_engine(url), make_engine(url, derived_only=True)
-    assert not is_sqlite(serving)
-    for engine, mode in ((serving, "force_custom_plan"), (assembling, "auto")):
-        with engine.connect() as conn:
-            assert conn.exec_driver_sql("SHOW plan_cache_mode").scalar() == mode
-        engine.dispose()
