@@ -322,6 +322,7 @@ class Assembler:
             old = self.store.previous_summaries(marks)
             for p in due:
                 p.group.superseded = _superseded(p.group, old)
+                p.group.first = not _stored_before(p.group, old)
             stored = {id(g) for g in self.store.publish([p.group for p in due], now, owner=self.owner)}
         except Exception:
             # Still leased to this assembler: the next step takes them again.
@@ -387,6 +388,12 @@ def _superseded(group: AssembledGroup, old: dict[str, dict[str, Any]]) -> set[st
         if p not in primaries
         and (p in group.marks or any(t in group.marks for t in summary.get("trace_ids") or ()))
     }
+
+
+def _stored_before(group: AssembledGroup, old: dict[str, dict[str, Any]]) -> bool:
+    """Whether a stored request (`old`, by primary trace) holds one of this group's traces."""
+    marks = group.marks
+    return any(p in marks or any(t in marks for t in s.get("trace_ids") or ()) for p, s in old.items())
 
 
 FULL_BATCH = 500

@@ -101,12 +101,16 @@ class AssembledGroup:
     `marks`: each trace id -> its last arrival seen when its spans were loaded. `superseded`:
     primary trace ids of stored requests these summaries replace. `speculative`: loaded
     before its quiet period ended, so `Store.publish` stores it only if nothing arrived since.
+    `first`: no stored request held any of its traces when the caller looked
+    (`Store.previous_summaries`, under its lease), so storing it deletes no old rows first;
+    should one have appeared meanwhile, the insert fails on its key and nothing is stored.
     """
 
     summaries: list[RequestSummary]
     marks: dict[str, int]
     superseded: set[str] = field(default_factory=set)
     speculative: bool = False
+    first: bool = False
 
 
 @dataclass(slots=True)
@@ -518,8 +522,12 @@ class Store:
             keep = [not g.speculative or g.marks.keys() <= unchanged for g in groups]
             stored = [g for g, k in zip(groups, keep, strict=True) if k]
             marks = {t: seen for g in stored for t, seen in g.marks.items()}
-            superseded = {p for g in stored for p in g.superseded}
-            _save(conn, [b for b, k in zip(built, keep, strict=True) if k], marks, superseded, now_ns)
+            kept = [b for b, k in zip(built, keep, strict=True) if k]
+            # Old rows to delete: those these summaries supersede, and any under their own
+            # primary trace unless the group is known to be the first stored of its traces.
+            replaced = {p for g in stored for p in g.superseded}
+            replaced.update(p for g, b in zip(stored, kept, strict=True) if not g.first for p in b.rows)
+            _save(conn, kept, marks, replaced, now_ns)
             if owner is not None:
                 held = sorted({tid for g in groups for tid in g.marks})
                 if held:
@@ -764,11 +772,12 @@ def _save(
     conn: Connection,
     built: Sequence[_RequestRows],
     group: dict[str, int],
-    superseded: Iterable[str],
+    replaced: Iterable[str],
     now_ns: int,
 ) -> None:
-    """Write request rows, flags and rollup of disjoint groups; clear the dirty mark of each
-    trace of `group` whose last arrival is still the one seen."""
+    """Delete the request rows (and flags) of the primary traces `replaced`, write the request
+    rows, flags and rollup of disjoint groups; clear the dirty mark of each trace of `group`
+    whose last arrival is still the one seen."""
     rows: dict[str, dict[str, Any]] = {}
     flag_rows: list[dict[str, Any]] = []
     trace_to_request: dict[str, str] = {}
@@ -781,7 +790,7 @@ def _save(
         delta.request(row, +1)
     for f in flag_rows:
         delta.flag(f["flag"], f["start_ns"], rows[f["trace_id"]], +1)
-    _delete_requests(conn, sorted(set(superseded) | set(rows)), delta)
+    _delete_requests(conn, sorted(set(replaced)), delta)
     q = _statements(is_sqlite(conn))
     if rows:
         _write_rows(conn, q.insert_requests, list(rows.values()))
