@@ -527,8 +527,10 @@ class Store:
             # primary trace unless the group is known to be the first stored of its traces.
             replaced = {p for g in stored for p in g.superseded}
             replaced.update(p for g, b in zip(stored, kept, strict=True) if not g.first for p in b.rows)
-            _save(conn, kept, marks, replaced, now_ns)
-            if owner is not None:
+            marked = _save(conn, kept, marks, replaced, now_ns)
+            # Marking a trace assembled gives up its lease; the rest are given up here: the
+            # traces of groups not stored, and those that got a span since they were loaded.
+            if owner is not None and (len(stored) < len(groups) or marked < len(marks)):
                 held = sorted({tid for g in groups for tid in g.marks})
                 if held:
                     _release(conn, owner, held, self.sqlite)
@@ -774,10 +776,10 @@ def _save(
     group: dict[str, int],
     replaced: Iterable[str],
     now_ns: int,
-) -> None:
+) -> int:
     """Delete the request rows (and flags) of the primary traces `replaced`, write the request
-    rows, flags and rollup of disjoint groups; clear the dirty mark of each trace of `group`
-    whose last arrival is still the one seen."""
+    rows, flags and rollup of disjoint groups; clear the dirty mark (and the lease) of each
+    trace of `group` whose last arrival is still the one seen. Returns how many were cleared."""
     rows: dict[str, dict[str, Any]] = {}
     flag_rows: list[dict[str, Any]] = []
     trace_to_request: dict[str, str] = {}
@@ -796,8 +798,9 @@ def _save(
         _write_rows(conn, q.insert_requests, list(rows.values()))
     if flag_rows:
         _write_rows(conn, q.insert_flags, flag_rows)
+    marked = 0
     if group:
-        _write_rows(
+        marked = _write_rows(
             conn,
             q.mark_assembled,
             [
@@ -807,22 +810,23 @@ def _save(
             {"now": now_ns},
         )
     delta.apply(conn)  # last: holds the shared rollup rows' locks only until commit
+    return marked
 
 
 def _write_rows(
     conn: Connection, stmt: Executable, rows: Sequence[dict[str, Any]], common: dict[str, Any] | None = None
-) -> None:
-    """Run `stmt` (one of `_Statements`' row writes) for these rows, with `common` bound once.
+) -> int:
+    """Run `stmt` (one of `_Statements`' row writes) for these rows, with `common` bound once;
+    returns the rows it wrote.
 
     SQLite: the one-row statement for each row, handed to the driver. PostgreSQL: the statement
     takes each column as one array (`_rows_as_arrays`), so all rows are one execution.
     """
     if is_sqlite(conn):
-        _executemany(conn, stmt, [{**row, **common} for row in rows] if common else rows)
-        return
+        return _executemany(conn, stmt, [{**row, **common} for row in rows] if common else rows)
     params = {k: [row[k] for row in rows] for k in rows[0]}
     sql, _ = _compiled(stmt, conn.dialect)
-    conn.exec_driver_sql(sql, {**params, **(common or {})})
+    return conn.exec_driver_sql(sql, {**params, **(common or {})}).rowcount
 
 
 def _rows_as_arrays(name: str, columns: Sequence[tuple[str, Any]]) -> Any:
@@ -850,8 +854,9 @@ def _compiled(stmt: Executable, dialect: Dialect) -> tuple[str, tuple[str, ...] 
     return str(c), tuple(c.positiontup) if c.positional and c.positiontup is not None else None
 
 
-def _executemany(conn: Connection, stmt: Executable, rows: Sequence[dict[str, Any]]) -> None:
-    """`stmt` (a Core statement without defaults to fill) once per row, handed to the driver.
+def _executemany(conn: Connection, stmt: Executable, rows: Sequence[dict[str, Any]]) -> int:
+    """`stmt` (a Core statement without defaults to fill) once per row, handed to the driver;
+    returns the rows written (the drivers add up the rows of each execution).
 
     Why: SQLAlchemy's executemany prepares every value of every row in Python (by name, then
     through each column type's processor), which cost more than the database's own work for
@@ -860,9 +865,8 @@ def _executemany(conn: Connection, stmt: Executable, rows: Sequence[dict[str, An
     """
     sql, order = _compiled(stmt, conn.dialect)
     if order is None:
-        conn.exec_driver_sql(sql, list(rows))
-    else:
-        conn.exec_driver_sql(sql, [tuple([row[k] for k in order]) for row in rows])
+        return conn.exec_driver_sql(sql, list(rows)).rowcount
+    return conn.exec_driver_sql(sql, [tuple([row[k] for k in order]) for row in rows]).rowcount
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from railtrace.ingest.assembler import Assembler, default_pipeline
 from railtrace.ingest.writer import prepare
 from railtrace.metrics import Metrics
-from railtrace.store import Store, make_engine, migrate
+from railtrace.store import AssembledGroup, Store, make_engine, migrate
 from railtrace.store.schema import requests as requests_table
 from railtrace.store.schema import traces as traces_table
 from railtrace.topology import TopologyHolder
@@ -109,4 +109,25 @@ def test_kept_leases_are_forgotten_once_they_have_run_out(db_url: str) -> None:
     assembler._kept = {trace_id(1): later - 1, trace_id(2): later + LEASE}
     assembler.prepare(later, limit=10)
     assert assembler._kept == {trace_id(2): later + LEASE}
+    store.engine.dispose()
+
+
+def test_storing_gives_up_the_lease_of_every_trace_it_was_given(db_url: str) -> None:
+    """Marking a trace assembled clears its lease; a trace that got a span since it was loaded
+    is not marked, stays dirty, and its lease is given up too, so any replica takes it next."""
+    store = _store(db_url)
+    store.insert_batches([prepare(export_request([1, 2]))])
+    later = time.time_ns() + HOUR_NS
+    held = store.claim_ready("a", later, later, later, LEASE)
+    seen = {t.trace_id: t.last_arrival_ns for t in held}
+    changed = trace_id(2)
+    seen[changed] -= 1  # as if a span arrived after the group was loaded
+    store.publish([AssembledGroup([], seen)], later, owner="a")
+    with store.engine.connect() as conn:
+        rows = {r.trace_id: r for r in conn.execute(select(traces_table))}
+    assert {t: (r.claimed_by, r.dirty) for t, r in rows.items()} == {
+        trace_id(1): (None, False),
+        changed: (None, True),
+    }
+    assert [t.trace_id for t in store.claim_ready("b", later, later, later, LEASE)] == [changed]
     store.engine.dispose()
