@@ -259,8 +259,10 @@ class Assembler:
         seen = {t.trace_id: t.last_arrival_ns for t in ready}
         late = {t.trace_id: t.late_spans for t in ready}
         spans = _by_trace(self.store.load_spans(seen, normalize=False))
+        self._store_come_due(wall_clock)
         keys = {tid: self._keys(spans.get(tid, [])) for tid in seen}
         groups = _stitch(seen, keys, self.store.traces_for_keys(set().union(*keys.values())))
+        self._store_come_due(wall_clock)
         others = {t for g in groups for t in g} - seen.keys()
         states = self.store.trace_states(others)
         wanted: list[tuple[set[str], bool]] = []  # (group, forced by max_trace_wait)
@@ -287,8 +289,7 @@ class Assembler:
                 late[t] = states[t].late_spans
         fresh: list[_Pending] = []
         for g, forced in todo:
-            if wall_clock and self._pending and self._pending[0].due_ns + GATHER_NS <= time.time_ns():
-                self.publish_due()  # an earlier page's request came due: store it now, not after this page
+            self._store_come_due(wall_clock)
             members = [s for t in sorted(g) for s in spans.get(t, [])]
             summaries: list[RequestSummary] = []
             try:
@@ -305,6 +306,13 @@ class Assembler:
             keep |= g & held
         self._pending = sorted(self._pending + fresh, key=lambda p: p.due_ns)
         return keep
+
+    def _store_come_due(self, wall_clock: bool) -> None:
+        """Store an earlier page's requests that came due while this page is being loaded or
+        assembled: now, not after the page (a page of 128 traces is tens of milliseconds of work
+        on a busy machine, which the requests waiting would add to their latency)."""
+        if wall_clock and self._pending and self._pending[0].due_ns + GATHER_NS <= time.time_ns():
+            self.publish_due()
 
     def publish_due(self, now_ns: int | None = None) -> int:
         """Store the pending groups whose quiet period has ended, in one transaction; a

@@ -15,7 +15,7 @@ import pytest
 from service_helpers import export_request, settings_for, trace_id
 from sqlalchemy import select
 
-from railtrace.ingest.assembler import Assembler, default_pipeline
+from railtrace.ingest.assembler import GATHER_NS, Assembler, default_pipeline
 from railtrace.ingest.writer import prepare
 from railtrace.metrics import Metrics
 from railtrace.store import Store, make_engine, migrate
@@ -195,3 +195,34 @@ def test_groups_coming_due_together_are_stored_in_one_transaction(
         assembler._store_until_next_look()
     assert stored == [[trace_id(1), trace_id(2)], [trace_id(3)]]
     assert {t for t, _ in _stored(store)} == {trace_id(1), trace_id(2), trace_id(3)}
+
+
+def test_a_request_coming_due_while_a_page_loads_is_stored_before_the_page_goes_on(
+    store: Store, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading and assembling a page takes tens of milliseconds on a busy machine: a request
+    assembled ahead that comes due meanwhile is stored between the page's steps (after its spans
+    are loaded, after its request keys are looked up, between its groups), not after the page."""
+    assembler = _assembler(store, db_url)
+    store.insert_batches([prepare(export_request([1]))])
+    first_due = _trace(store, trace_id(1))["last_arrival_ns"] + int(QUIET_S * 1e9)
+    _sleep_until(first_due - int(LOOKAHEAD_S * 0.5 * 1e9))
+    assembler.run_once()
+    assert [p.group.marks.keys() for p in assembler._pending] == [{trace_id(1)}]
+    store.insert_batches([prepare(export_request([2]))])  # the next page: request 2 alone
+    calls: list[str] = []
+    for name in ("load_spans", "traces_for_keys", "publish"):
+
+        def recorded(*args, _name=name, _real=getattr(store, name), **kwargs):  # type: ignore[no-untyped-def]
+            calls.append(_name)
+            if _name == "load_spans":  # the page's load outlasts request 1's due time
+                _sleep_until(first_due + 2 * GATHER_NS)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(store, name, recorded)
+    # The page is looked for as it will be inside request 2's lookahead, request 1 not yet due.
+    second_due = _trace(store, trace_id(2))["last_arrival_ns"] + int(QUIET_S * 1e9)
+    assert time.time_ns() < first_due
+    assembler.prepare(second_due - int(LOOKAHEAD_S * 0.5 * 1e9), 128, int(LOOKAHEAD_S * 1e9))
+    assert calls[:3] == ["load_spans", "publish", "traces_for_keys"], calls
+    assert [t for t, _ in _stored(store)] == [trace_id(1)]
