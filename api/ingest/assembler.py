@@ -405,8 +405,8 @@ def _stored_before(group: AssembledGroup, old: dict[str, dict[str, Any]]) -> boo
 
 
 FULL_BATCH = 500
-# Traces the running loop assembles per step. Requests that come due are stored between the
-# groups of a step, but not while its traces are claimed and loaded: ~0.1 s of work per step.
+# Traces the running loop assembles per step: ~0.1 s of work. Requests that come due meanwhile
+# are stored between its phases (claiming, loading, looking up keys) and between its groups.
 ROUND_PAGE = 128
 # Requests come due in small groups, one per ingest commit (up to a few dozen a second); the
 # loop waits this long past the first one's due time and stores every group due by then in one
