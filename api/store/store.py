@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import operator
 import sqlite3
 import time
@@ -133,7 +134,7 @@ class Store:
         self._writers = SqliteWriters(engine.url.database or "") if self.sqlite else None
         # SQLite commits do not wait for the disk; the span writer flushes the WAL after its turn.
         self._wal = SqliteWal(engine.url.database or "") if self.sqlite else None
-        self._last_checkpoint = 0.0
+        self._last_checkpoint = -math.inf  # never: the first commit checkpoints, whatever the uptime
         p = "?" if self.sqlite else "%s"
         self._known_resources: set[int] = set()
         # Resources read back, by id. A row never changes (its id is a hash of its content) and
