@@ -11,6 +11,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -84,3 +85,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         for report in skipped[:20]:
             reporter.write_line(f"  {report.nodeid}: {report.longrepr[-1] if report.longrepr else ''}")
         session.exitstatus = 1
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Any]:
+    """An empty `railtrace.store.Store` with its schema migrated, on each database of `db_url`
+    (a test module may define its own `store`, which takes precedence there)."""
+    from railtrace.store import Store, make_engine, migrate
+
+    engine = make_engine(db_url)
+    migrate(engine)
+    yield Store(engine)
+    engine.dispose()

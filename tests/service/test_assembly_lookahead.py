@@ -18,7 +18,7 @@ from sqlalchemy import select
 from railtrace.ingest.assembler import GATHER_NS, Assembler, default_pipeline
 from railtrace.ingest.writer import prepare
 from railtrace.metrics import Metrics
-from railtrace.store import Store, make_engine, migrate
+from railtrace.store import Store
 from railtrace.store.schema import requests as requests_table
 from railtrace.store.schema import traces as traces_table
 from railtrace.topology import TopologyHolder
@@ -27,14 +27,6 @@ from railtrace_tracing import semconv
 # Long enough that a stalled test machine does not pass the due time between two steps.
 QUIET_S = 4.0
 LOOKAHEAD_S = 2.0
-
-
-@pytest.fixture
-def store(db_url: str):
-    engine = make_engine(db_url)
-    migrate(engine)
-    yield Store(engine)
-    engine.dispose()
 
 
 def _assembler(store: Store, db_url: str) -> Assembler:

@@ -5,7 +5,6 @@ meanwhile, the insert fails and nothing of the transaction is stored."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,7 +12,7 @@ from sqlalchemy import event, func, select
 from sqlalchemy.exc import IntegrityError
 
 from railtrace.model import Flag, KVSummary, RequestSummary
-from railtrace.store import AssembledGroup, Store, make_engine, migrate
+from railtrace.store import AssembledGroup, Store
 from railtrace.store.schema import request_flags, stats_hourly
 
 NOW = 1_790_000_000 * 10**9
@@ -36,14 +35,6 @@ def _summary(tid: str, flag: str | None = None) -> RequestSummary:
         trace_ids=[],
         span_count=8,
     )
-
-
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    engine = make_engine(db_url)
-    migrate(engine)
-    yield Store(engine)
-    engine.dispose()
 
 
 def _deletes(store: Store, groups: list[AssembledGroup]) -> list[str]:

@@ -12,9 +12,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 from service_helpers import export_request, settings_for, trace_id
 from sqlalchemy import select
 
@@ -22,18 +19,10 @@ from railtrace.ingest.assembler import Assembler, default_pipeline
 from railtrace.ingest.writer import prepare
 from railtrace.metrics import Metrics
 from railtrace.otlp.encode import key_value as kv
-from railtrace.store import Store, make_engine, migrate
+from railtrace.store import Store
 from railtrace.store.schema import requests as requests_table
 from railtrace.topology import TopologyHolder
 from railtrace_tracing import semconv
-
-
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    engine = make_engine(db_url)
-    migrate(engine)
-    yield Store(engine)
-    engine.dispose()
 
 
 def _assembler(store: Store, db_url: str) -> Assembler:
