@@ -19,7 +19,9 @@ RUNS = 8  # more than psycopg's prepare threshold (5)
 
 def _store(new_database: Callable[[str], str], derived_only: bool = True) -> Store:
     url = new_database("postgresql")
-    migrate(make_engine(url))
+    setup = make_engine(url)
+    migrate(setup)
+    setup.dispose()
     return Store(make_engine(url, derived_only=derived_only))
 
 
