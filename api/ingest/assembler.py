@@ -329,8 +329,10 @@ class Assembler:
         try:
             old = self.store.previous_summaries(marks)
             for p in due:
-                p.group.superseded = _superseded(p.group, old)
-                p.group.first = not _stored_before(p.group, old)
+                holding = _holding(p.group, old)
+                # Replaced: those not stored again under the same primary trace.
+                p.group.superseded = holding - {s.trace_id for s in p.group.summaries}
+                p.group.first = not holding
             stored = {id(g) for g in self.store.publish([p.group for p in due], now, owner=self.owner)}
         except Exception:
             # Still leased to this assembler: the next step takes them again.
@@ -386,22 +388,10 @@ class _Pending:
     late_spans: int
 
 
-def _superseded(group: AssembledGroup, old: dict[str, dict[str, Any]]) -> set[str]:
-    """Primary trace ids of stored requests that this group's summaries replace: those that
-    held one of its traces and are not stored again under the same primary."""
-    primaries = {s.trace_id for s in group.summaries}
-    return {
-        p
-        for p, summary in old.items()
-        if p not in primaries
-        and (p in group.marks or any(t in group.marks for t in summary.get("trace_ids") or ()))
-    }
-
-
-def _stored_before(group: AssembledGroup, old: dict[str, dict[str, Any]]) -> bool:
-    """Whether a stored request (`old`, by primary trace) holds one of this group's traces."""
+def _holding(group: AssembledGroup, old: dict[str, dict[str, Any]]) -> set[str]:
+    """Primary trace ids of the stored requests (`old`) that hold one of this group's traces."""
     marks = group.marks
-    return any(p in marks or any(t in marks for t in s.get("trace_ids") or ()) for p, s in old.items())
+    return {p for p, s in old.items() if p in marks or any(t in marks for t in s.get("trace_ids") or ())}
 
 
 FULL_BATCH = 500
