@@ -275,18 +275,9 @@ class Store:
                 counts[r[0]] += r[3]
                 if r[5]:
                     roots.add(r[0])
-            key_rows = sorted(keys)
+            self._insert_rows(conn, self._sql_key, _PG_INSERT_KEYS, sorted(keys))
             trace_rows = [(tid, received, received, n, tid in roots) for tid, n in sorted(counts.items())]
-            for sql, pg_sql, these in (
-                (self._sql_key, _PG_INSERT_KEYS, key_rows),
-                (self._sql_trace, _PG_UPSERT_TRACES, trace_rows),
-            ):
-                if not these:
-                    continue
-                if self.sqlite:
-                    self._insert_rows(conn, sql, these)
-                else:  # the same rows, one array per column
-                    conn.exec_driver_sql(pg_sql, tuple(list(column) for column in zip(*these, strict=True)))
+            self._insert_rows(conn, self._sql_trace, _PG_UPSERT_TRACES, trace_rows)
         return counts
 
     def _insert_chunks(self, conn: Connection, rows: list[list[Any]]) -> int:
@@ -319,8 +310,14 @@ class Store:
         finally:
             cur.close()
 
-    def _insert_rows(self, conn: Connection, sql: str, rows: list[tuple[Any, ...]]) -> None:
-        """SQLite: `sql` (a one-row INSERT) for every row, in a few multi-row statements."""
+    def _insert_rows(self, conn: Connection, sql: str, pg_sql: str, rows: list[tuple[Any, ...]]) -> None:
+        """These rows: on SQLite by `sql` (a one-row INSERT) in a few multi-row statements, on
+        PostgreSQL by `pg_sql` in one statement taking one array per column."""
+        if not rows:
+            return
+        if not self.sqlite:
+            conn.exec_driver_sql(pg_sql, tuple(list(column) for column in zip(*rows, strict=True)))
+            return
         cur = conn.connection.cursor()
         try:
             _insert_values(cur, sql, rows)
