@@ -38,7 +38,7 @@ class Settings(BaseSettings):
         0.05, description="How often the assembler looks for requests past their quiet period."
     )
     assembly_lookahead_s: float = Field(
-        0.5,
+        1.0,
         ge=0,
         description=(
             "Assemble a request up to this long (at most half the quiet period) before its quiet"

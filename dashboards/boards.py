@@ -646,13 +646,15 @@ def health() -> Dashboard:
         )
         .with_panel(
             timeseries(
-                "Duplicate and late spans, stitched requests",
+                "Duplicate and late spans, stitched and re-assembled requests",
                 "Exporter retries, spans that reopened an assembled request, requests joined from "
-                "several traces.",
+                "several traces, requests assembled ahead of their quiet period and dropped for a "
+                "span that arrived meanwhile (many: lower assembly_lookahead_s).",
                 [
                     prom(f"sum({_rate(sel(semconv.M_DUPLICATE_SPANS))})", "duplicate spans", ref="A"),
                     prom(f"sum({_rate(sel(semconv.M_LATE_SPANS))})", "late spans", ref="B"),
                     prom(f"sum({_rate(sel(semconv.M_STITCHED))})", "stitched requests", ref="C"),
+                    prom(f"sum({_rate(sel(semconv.M_REDONE))})", "re-assembled requests", ref="D"),
                 ],
                 unit="ops",
                 width=24,

@@ -572,6 +572,12 @@ M_LATE_SPANS = _metric(
 M_STITCHED = _metric(
     "llm_d_tracing_stitched_requests_total", "counter", "Requests joined from several traces."
 )
+M_REDONE = _metric(
+    "llm_d_tracing_assembly_redone_total",
+    "counter",
+    "Requests assembled ahead of the end of their quiet period and dropped because a span arrived"
+    " meanwhile; assembled again later (work `assembly_lookahead_s` wasted).",
+)
 M_INGEST_QUEUE = _metric(
     "llm_d_tracing_ingest_queue_depth", "gauge", "Spans accepted by receivers, waiting for commit."
 )

@@ -342,6 +342,9 @@ class Assembler:
         # the clock through `now_ns`).
         counted_at = time.time_ns() if now_ns is None else now
         self._count([p for p in due if id(p.group) in stored], old, counted_at)
+        dropped = [p for p in due if id(p.group) not in stored]  # a span arrived since loading
+        if dropped:
+            self.metrics[semconv.M_REDONE].inc(sum(len(p.group.summaries) for p in dropped))
         return len(stored)
 
     def next_due_ns(self) -> int | None:

@@ -53,9 +53,13 @@ def _sleep_until(ns: int) -> None:
     time.sleep(max(0.0, (ns - time.time_ns()) / 1e9))
 
 
-def _requests_counted(assembler: Assembler) -> float:
-    family = assembler.metrics[semconv.M_REQUESTS]
+def _counted(assembler: Assembler, name: str) -> float:
+    family = assembler.metrics[name]
     return sum(s.value for m in family.collect() for s in m.samples if s.name.endswith("_total"))
+
+
+def _requests_counted(assembler: Assembler) -> float:
+    return _counted(assembler, semconv.M_REQUESTS)
 
 
 def test_assembled_inside_the_lookahead_and_stored_once_due(store: Store, db_url: str) -> None:
@@ -82,6 +86,7 @@ def test_assembled_inside_the_lookahead_and_stored_once_due(store: Store, db_url
     assert not state["dirty"] and state["claimed_by"] is None
     assert assembler._pending == []
     assert _requests_counted(assembler) == 1
+    assert _counted(assembler, semconv.M_REDONE) == 0
 
 
 def test_a_span_arriving_after_early_assembly_holds_the_request_back(store: Store, db_url: str) -> None:
@@ -102,6 +107,7 @@ def test_a_span_arriving_after_early_assembly_holds_the_request_back(store: Stor
     state = _trace(store, tid)
     assert state["dirty"] and state["claimed_by"] is None and state["assembled_ns"] is None
     assert _requests_counted(assembler) == 0
+    assert _counted(assembler, semconv.M_REDONE) == 1  # the wasted early work, for the operator
 
     _sleep_until(new_due)
     while assembler.run_once() or assembler._pending:  # assembled again, now with every span
@@ -110,6 +116,7 @@ def test_a_span_arriving_after_early_assembly_holds_the_request_back(store: Stor
     assert [t for t, _ in stored] == [tid] and stored[0][1] >= new_due
     assert not _trace(store, tid)["dirty"]
     assert _requests_counted(assembler) == 1
+    assert _counted(assembler, semconv.M_REDONE) == 1
     spans = store.load_spans([tid])
     assert len(spans) == 8
 
