@@ -2,10 +2,8 @@
 
 FastAPI runs a plain `def` dependency in the worker-thread pool (AnyIO's limiter, 40 threads),
 the same pool that parses export bodies and runs the store's queries. Resolving the runtime
-that way cost every call a thread hop (under ingest at 16,700 spans/s, waking the worker
-thread was 8 % of the serve process's samples holding the interpreter), and with every thread
-busy an export waited for one before it could be told 429: load shedding queued behind the
-load it exists to shed.
+that way cost every call a thread hop, and with every thread busy an export waited for one
+before it could be told 429: load shedding queued behind the load it exists to shed.
 """
 
 from __future__ import annotations
@@ -38,6 +36,9 @@ async def _export_with_every_worker_thread_taken(app: object) -> httpx.Response:
 def test_an_export_over_the_bound_is_refused_without_a_worker_thread(db_url: str) -> None:
     # Bound 0: the writer is always "full", so the answer is 429 before the body is read.
     app = create_app(settings_for(db_url, max_pending_spans=0))
-    response = anyio.run(_export_with_every_worker_thread_taken, app)
+    try:
+        response = anyio.run(_export_with_every_worker_thread_taken, app)
+    finally:
+        app.state.runtime.engine.dispose()
     assert response.status_code == 429
     assert response.headers["retry-after"]
