@@ -341,10 +341,16 @@ class Assembler:
         # Verdict latency is measured to the commit, on the wall clock (unless a test drives
         # the clock through `now_ns`).
         counted_at = time.time_ns() if now_ns is None else now
-        self._count([p for p in due if id(p.group) in stored], old, counted_at)
-        dropped = [p for p in due if id(p.group) not in stored]  # a span arrived since loading
-        if dropped:
-            self.metrics[semconv.M_REDONE].inc(sum(len(p.group.summaries) for p in dropped))
+        kept: list[_Pending] = []
+        redone = 0  # requests dropped because a span arrived since they were loaded
+        for p in due:
+            if id(p.group) in stored:
+                kept.append(p)
+            else:
+                redone += len(p.group.summaries)
+        self._count(kept, old, counted_at)
+        if redone:
+            self.metrics[semconv.M_REDONE].inc(redone)
         return len(stored)
 
     def next_due_ns(self) -> int | None:
