@@ -14,8 +14,7 @@ import httpx
 from service_helpers import settings_for
 
 from railtrace.server import create_app
-
-PROTOBUF = "application/x-protobuf"
+from railtrace.server.otlp_http import PROTOBUF
 
 
 async def _export_with_every_worker_thread_taken(app: object) -> httpx.Response:
