@@ -22,6 +22,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    and_,
     true,
 )
 
@@ -80,10 +81,22 @@ traces = Table(
 )
 # Traces awaiting (re)assembly. Queries that look for them use this very expression: SQLite
 # uses a partial index only for a query holding its predicate term as written, and PostgreSQL
-# cannot use an index for `dirty IS true`. Only these traces are in the index, oldest first, so
-# a look for ready traces costs the same whatever the history kept.
+# cannot use an index for `dirty IS true`.
 READY = traces.c.dirty == true()
-Index("ix_traces_ready", traces.c.last_arrival_ns, postgresql_where=READY, sqlite_where=READY)
+# The ready traces no replica holds, oldest first: what a look for work walks. Only these are in
+# the index, so a look costs the same whatever the history kept, and however many traces the
+# replicas hold assembled ahead of their quiet period (those once made up nearly all of every
+# look's walk; migration 0008).
+FREE = traces.c.claimed_until_ns.is_(None)
+Index(
+    "ix_traces_ready",
+    traces.c.last_arrival_ns,
+    postgresql_where=and_(READY, FREE),
+    sqlite_where=and_(READY, FREE),
+)
+# Held traces, by when their lease runs out: a replica that died leaves its traces here.
+LEASED = traces.c.claimed_until_ns.is_not(None)
+Index("ix_traces_leased", traces.c.claimed_until_ns, postgresql_where=LEASED, sqlite_where=LEASED)
 Index("ix_traces_last_arrival", traces.c.last_arrival_ns)
 
 requests = Table(

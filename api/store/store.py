@@ -33,6 +33,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    union,
     union_all,
     update,
 )
@@ -47,7 +48,17 @@ from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
 from railtrace.store.rollup import DIMENSIONS, REQUEST_COLUMNS, RollupDelta, hour_of
 from railtrace.store.rollup import read as rollup_read
 from railtrace.store.rows import RowBatch, chunk_records
-from railtrace.store.schema import READY, request_flags, requests, resources, span_chunks, trace_keys, traces
+from railtrace.store.schema import (
+    FREE,
+    LEASED,
+    READY,
+    request_flags,
+    requests,
+    resources,
+    span_chunks,
+    trace_keys,
+    traces,
+)
 from railtrace.store.spans import StoredResource, records_reader
 
 INSERT_COLUMNS = "trace_id, chunk_id, received_ns, span_count, body"
@@ -329,16 +340,24 @@ class Store:
     def dirty_traces(self, quiet_before_ns: int, wait_before_ns: int, limit: int = 500) -> list[DirtyTrace]:
         """Traces whose last span is older than the quiet period and whose root arrived
         (or which waited longer than the maximum)."""
-        q = (
-            select(traces.c.trace_id, traces.c.last_arrival_ns, traces.c.late_spans, traces.c.assembled_ns)
-            .where(
-                READY,
-                traces.c.last_arrival_ns <= quiet_before_ns,
-                or_(traces.c.has_root.is_(True), traces.c.first_arrival_ns <= wait_before_ns),
+        t = traces.c
+
+        def held(leased: ColumnElement[bool]) -> Any:  # each through its own partial index
+            return (
+                select(t.trace_id, t.last_arrival_ns, t.late_spans, t.assembled_ns)
+                .where(
+                    READY,
+                    leased,
+                    t.last_arrival_ns <= quiet_before_ns,
+                    or_(t.has_root.is_(True), t.first_arrival_ns <= wait_before_ns),
+                )
+                .order_by(t.last_arrival_ns)
+                .limit(limit)
+                .subquery()
             )
-            .order_by(traces.c.last_arrival_ns)
-            .limit(limit)
-        )
+
+        found = union_all(*(select(*q.c) for q in (held(FREE), held(LEASED)))).subquery()
+        q = select(*found.c).order_by(found.c.last_arrival_ns, found.c.trace_id).limit(limit)
         with self._read(per_value_plans=True) as conn:
             return [DirtyTrace(r[0], r[1], r[2], r[3] is not None) for r in conn.execute(q)]
 
@@ -403,7 +422,9 @@ class Store:
 
     def count_dirty(self) -> int:
         with self._read() as conn:
-            return int(conn.execute(select(func.count()).where(READY)).scalar_one())
+            # Free and held traces are counted through their own partial indexes.
+            free, held = (select(func.count()).where(READY, c).scalar_subquery() for c in (FREE, LEASED))
+            return int(conn.execute(select(free + held)).scalar_one())
 
     def trace_states(self, trace_ids: Iterable[str]) -> dict[str, DirtyTrace]:
         """Arrival state of these traces (unknown ids are absent)."""
@@ -1091,13 +1112,12 @@ class _Statements:
         def ids(col: ColumnElement[Any]) -> ColumnElement[bool]:
             return among(col, "ids", sqlite)
 
-        def free(own: ColumnElement[bool] | None = None) -> ColumnElement[bool]:
-            """Not leased, lease run out, or leased to `owner` (and `own` holds, if given)."""
-            mine = t.claimed_by == bindparam("owner")
+        def free() -> ColumnElement[bool]:
+            """Not leased, lease run out, or leased to `owner`."""
             return or_(
                 t.claimed_until_ns.is_(None),
                 t.claimed_until_ns < bindparam("now"),
-                mine if own is None else and_(mine, own),
+                t.claimed_by == bindparam("owner"),
             )
 
         # Storing a page of requests: their rows and flags, and each trace's dirty mark cleared
@@ -1128,19 +1148,37 @@ class _Statements:
                 .values(**assembled, request_trace_id=m.c.rtid)
             )
         lease = {"claimed_by": bindparam("owner"), "claimed_until_ns": bindparam("until")}
-        pick = (
-            select(t.trace_id)
-            .where(
-                READY,
-                t.last_arrival_ns <= bindparam("quiet_before"),
-                or_(t.has_root.is_(True), t.first_arrival_ns <= bindparam("wait_before")),
-                free(own=among(t.trace_id, "again", sqlite)),
-            )
-            .order_by(t.last_arrival_ns)
-            .limit(bindparam("limit"))
+        eligible = (
+            t.last_arrival_ns <= bindparam("quiet_before"),
+            or_(t.has_root.is_(True), t.first_arrival_ns <= bindparam("wait_before")),
         )
-        if not sqlite:
-            pick = pick.with_for_update(skip_locked=True)
+
+        def candidates(name: str, *where: ColumnElement[bool], oldest: bool = True) -> Any:
+            """One source of traces to claim, locked as they are read (PostgreSQL)."""
+            q = select(t.trace_id, t.last_arrival_ns).where(*where, *eligible)
+            if oldest:
+                q = q.order_by(t.last_arrival_ns).limit(bindparam("limit"))
+            if not sqlite:
+                q = q.with_for_update(skip_locked=True)
+            return q.cte(name)
+
+        # Three sources, each read through its own index: the ready traces nobody holds
+        # (`ix_traces_ready`, oldest first), those whose lease ran out (`ix_traces_leased`: a
+        # replica died), and the owner's own leases it asks for again (by id). One walk of
+        # every ready trace, held ones included, skipped the held ones row by row.
+        sources = [
+            candidates("free_traces", READY, FREE),
+            candidates("expired_traces", READY, t.claimed_until_ns < bindparam("now"), oldest=False),
+            candidates(
+                "again_traces",
+                READY,
+                t.claimed_by == bindparam("owner"),
+                among(t.trace_id, "again", sqlite),
+                oldest=False,
+            ),
+        ]
+        found = union(*(select(c.c.trace_id, c.c.last_arrival_ns) for c in sources)).subquery("found")
+        pick = select(found.c.trace_id).order_by(found.c.last_arrival_ns).limit(bindparam("limit"))
         self.claim_ready = (
             update(traces)
             .where(t.trace_id.in_(pick.scalar_subquery()))

@@ -4,7 +4,9 @@ PostgreSQL, whatever the history kept.
 It once asked for `dirty IS true`, which PostgreSQL cannot serve from an index: the planner
 walked `ix_traces_last_arrival` from the oldest trace kept and filtered out every assembled
 one (64 ms a look at 45,000 traces, a third of the database's time under load). The partial
-index `ix_traces_ready` holds only the traces awaiting (re)assembly.
+index `ix_traces_ready` holds only the traces awaiting (re)assembly that no replica holds; the
+held ones (assembled ahead of their quiet period, about a second of traffic) are found by their
+lease in `ix_traces_leased` once it runs out.
 """
 
 from __future__ import annotations
@@ -81,6 +83,57 @@ def test_dirty_traces_and_their_count_find_the_traces_awaiting_assembly(db_url: 
         trace_id(HISTORY - WAITING),
         trace_id(HISTORY - WAITING + 1),
     ]
+    # Held traces still await assembly: counted and listed as before.
+    store.claim("a", [trace_id(7), trace_id(HISTORY - 1)], HISTORY, 10**9)
+    assert store.count_dirty() == WAITING + 1
+    assert [t.trace_id for t in store.dirty_traces(HISTORY, 0, limit=2)] == [
+        trace_id(7),
+        trace_id(HISTORY - WAITING),
+    ]
+    assert len(store.dirty_traces(HISTORY, 0, limit=100)) == WAITING + 1
+    store.engine.dispose()
+
+
+def test_the_look_for_ready_traces_does_not_walk_the_held_ones(db_url: str) -> None:
+    """Traces held by a replica (the oldest, as those assembled ahead are) are not in the walk
+    of a look for work: PostgreSQL reads exactly the rows it claims. Held ones come back when
+    their lease runs out, and to their owner when it asks for them again."""
+    store = _store_with_history(db_url)
+    held = [trace_id(i) for i in range(HISTORY - WAITING, HISTORY - 5)]
+    free = [trace_id(i) for i in range(HISTORY - 5, HISTORY)]
+    assert store.claim("a", held, HISTORY, 10**9) == set(held)
+    if not store.sqlite:
+        q = _statements(store.sqlite)
+        params = {
+            "owner": "b",
+            "now": HISTORY,
+            "until": HISTORY + 1,
+            "quiet_before": HISTORY,
+            "wait_before": 0,
+            "limit": 128,
+            "again": listed([], store.sqlite),
+        }
+        with store.engine.begin() as conn:  # analysed for real: rolled back below
+            compiled = q.claim_ready.compile(dialect=conn.dialect)
+            plan = [
+                row[0]
+                for row in conn.exec_driver_sql(
+                    "EXPLAIN (ANALYZE, COSTS OFF) " + str(compiled), compiled.construct_params(params)
+                )
+            ]
+            conn.rollback()
+        start = next(i for i, line in enumerate(plan) if "ix_traces_ready" in line)
+        end = next((i for i in range(start + 1, len(plan)) if "->" in plan[i] or "CTE" in plan[i]), len(plan))
+        walk = plan[start:end]  # the index scan and its detail lines
+        assert "rows=5 loops" in walk[0], plan
+        assert not any("Rows Removed by Filter" in line for line in walk), plan
+    claimed = store.claim_ready("b", HISTORY, 0, HISTORY, 10**9, limit=128)
+    assert [t.trace_id for t in claimed] == free
+    assert store.claim_ready("b", HISTORY, 0, HISTORY, 10**9, limit=128) == []
+    again = store.claim_ready("a", HISTORY, 0, HISTORY, 10**9, again=held[:3])
+    assert [t.trace_id for t in again] == held[:3]
+    ran_out = store.claim_ready("c", HISTORY, 0, HISTORY + 2 * 10**9, 10**9, limit=4)
+    assert [t.trace_id for t in ran_out] == held[:4]  # oldest first, across both sources
     store.engine.dispose()
 
 
@@ -98,6 +151,50 @@ def test_the_ready_index_holds_only_traces_awaiting_assembly(db_url: str) -> Non
             sql = conn.exec_driver_sql(
                 "SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_traces_ready'"
             ).scalar()
-    assert "ix_traces_dirty" not in names and "ix_traces_ready" in names
-    assert "WHERE" in sql.upper() and "dirty" in sql, sql
+    assert "ix_traces_dirty" not in names and {"ix_traces_ready", "ix_traces_leased"} <= names
+    assert "WHERE" in sql.upper() and "dirty" in sql and "claimed_until_ns IS NULL" in sql, sql
     store.engine.dispose()
+
+
+def test_migration_0008_splits_the_ready_index_and_back(db_url: str) -> None:
+    """A database holding free, held and assembled traces from before the split: after the
+    upgrade the look finds the free ones, then the held ones once their lease runs out; the
+    downgrade puts the single index back."""
+    from alembic import command
+
+    from railtrace.store.engine import alembic_config
+
+    engine = make_engine(db_url)
+    cfg = alembic_config()
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0007")
+        conn.execute(
+            insert(traces),
+            [
+                {
+                    "trace_id": trace_id(i),
+                    "first_arrival_ns": i,
+                    "last_arrival_ns": i,
+                    "span_count": 8,
+                    "has_root": True,
+                    "dirty": i != 2,
+                    "late_spans": 0,
+                    "claimed_by": "old-replica" if i < 2 else None,
+                    "claimed_until_ns": 100 if i < 2 else None,
+                }
+                for i in range(5)
+            ],
+        )
+    migrate(engine)
+    store = Store(engine)
+    assert store.count_dirty() == 4
+    assert [t.trace_id for t in store.claim_ready("new", 10, 0, 50, 10**9)] == [trace_id(3), trace_id(4)]
+    assert [t.trace_id for t in store.claim_ready("new", 10, 0, 200, 10**9)] == [trace_id(0), trace_id(1)]
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0007")
+    with engine.connect() as conn:
+        names = {ix["name"] for ix in inspect(conn).get_indexes("traces")}
+    assert "ix_traces_ready" in names and "ix_traces_leased" not in names
+    engine.dispose()
