@@ -1,7 +1,7 @@
 """Instructions per assembled request, counted by callgrind: a cost figure that other work
 on a shared machine cannot disturb, unlike wall-clock or CPU-time rates.
 
-    .venv/bin/python benchmarks/assembly/instructions.py --requests 128 640
+    .venv/bin/python benchmarks/assembly/instructions.py --requests 128 640 [--db postgresql]
 
 For each request count N, the ingest benchmark's 8-span P/D requests are stored in a SQLite
 file the way the service's writer stores them (`prepare` + `Store.insert_batches`, in this
@@ -10,6 +10,8 @@ them all with the real assembler (`Assembler.run_once`, default pipeline, until 
 left). (instructions(N2) - instructions(N1)) / (N2 - N1) cancels interpreter start-up and
 imports, leaving the cost of one more request. `--child-gc` assembles with the
 garbage-collector settings of an assembly process (`railtrace serve --assembly-processes N`).
+`--db postgresql` stores them in a throwaway PostgreSQL database instead (`RAILTRACE_BENCH_PG`)
+and counts this process's share, the driver included; the server's own work is not counted.
 
     .venv/bin/python benchmarks/assembly/instructions.py --per-span
 
@@ -35,6 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "ingest"))
 from payload import SPANS_PER_TRACE, export_calls  # noqa: E402
+from run import Database  # noqa: E402  (the ingest benchmark's throwaway databases)
 
 FLEET = HERE.parents[1] / "tests" / "verdicts" / "fleet.yaml"
 READ_SPANS = 4096  # spans of the benchmark payload read by --per-span
@@ -184,6 +187,12 @@ def main() -> int:
         "--child-gc", action="store_true", help="with the garbage-collector settings of an assembly process"
     )
     ap.add_argument("--keep", help="write the callgrind files into this folder")
+    ap.add_argument(
+        "--db",
+        choices=["sqlite", "postgresql"],
+        default="sqlite",
+        help="the store assembled from (PostgreSQL: the server's own work is not counted)",
+    )
     ap.add_argument("--per-span", action="store_true", help="instead: instructions to read one stored span")
     ap.add_argument("--read", nargs=2, metavar=("PATH", "PASSES"), help=argparse.SUPPRESS)  # counted child
     ap.add_argument("--pipeline", action="store_true", help="instead: the pipeline alone, per request")
@@ -209,10 +218,15 @@ def main() -> int:
             pipeline(folder)
             return 0
         for n in args.requests:
-            url = f"sqlite:///{Path(tmp) / f'instr-{n}.db'}"
-            store(url, n)
-            child = ["--assemble", url, *(["--child-gc"] if args.child_gc else [])]
-            count, assembled = instructions(child, folder / f"callgrind.out.{n}")
+            database = Database(args.db) if args.db == "postgresql" else None
+            try:
+                url = database.url if database else f"sqlite:///{Path(tmp) / f'instr-{n}.db'}"
+                store(url, n)
+                child = ["--assemble", url, *(["--child-gc"] if args.child_gc else [])]
+                count, assembled = instructions(child, folder / f"callgrind.out.{n}")
+            finally:
+                if database:
+                    database.drop()
             if int(assembled) != n:
                 raise RuntimeError(f"assembled {assembled} requests, not {n}")
             counts.append(count)
