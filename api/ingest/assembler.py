@@ -279,7 +279,8 @@ class Assembler:
             held |= self.store.claim(self.owner, extra, now, LEASE_NS)
         todo = [(g, forced) for g, forced in wanted if g <= held or not (g - held) & states.keys()]
         done = [g for g, _ in todo]
-        keep = {t for g, _ in wanted if g not in done and min(g) in held for t in g & held}
+        assembling = {id(g) for g in done}  # by identity: `g in done` compared sets, page squared
+        keep = {t for g, _ in wanted if id(g) not in assembling and min(g) in held for t in g & held}
         self._kept.update(dict.fromkeys(keep, now + LEASE_NS))  # the next round claims them again
         extra = {t for g in done for t in g} - seen.keys()
         spans.update(_by_trace(self.store.load_spans(extra, normalize=False)))
