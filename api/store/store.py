@@ -342,12 +342,12 @@ class Store:
         (or which waited longer than the maximum)."""
         t = traces.c
 
-        def held(leased: ColumnElement[bool]) -> Any:  # each through its own partial index
+        def waiting(lease: ColumnElement[bool]) -> Any:  # free or held: each by its own index
             return (
                 select(t.trace_id, t.last_arrival_ns, t.late_spans, t.assembled_ns)
                 .where(
                     READY,
-                    leased,
+                    lease,
                     t.last_arrival_ns <= quiet_before_ns,
                     or_(t.has_root.is_(True), t.first_arrival_ns <= wait_before_ns),
                 )
@@ -356,7 +356,7 @@ class Store:
                 .subquery()
             )
 
-        found = union_all(*(select(*q.c) for q in (held(FREE), held(LEASED)))).subquery()
+        found = union_all(*(select(*q.c) for q in (waiting(FREE), waiting(LEASED)))).subquery()
         q = select(*found.c).order_by(found.c.last_arrival_ns, found.c.trace_id).limit(limit)
         with self._read(per_value_plans=True) as conn:
             return [DirtyTrace(r[0], r[1], r[2], r[3] is not None) for r in conn.execute(q)]
@@ -1165,7 +1165,9 @@ class _Statements:
         # Three sources, each read through its own index: the ready traces nobody holds
         # (`ix_traces_ready`, oldest first), those whose lease ran out (`ix_traces_leased`: a
         # replica died), and the owner's own leases it asks for again (by id). One walk of
-        # every ready trace, held ones included, skipped the held ones row by row.
+        # every ready trace, held ones included, skipped the held ones row by row. The last two
+        # are few and read whole (ordered by arrival, SQLite would walk ix_traces_last_arrival
+        # instead); the oldest `limit` of all three are claimed.
         sources = [
             candidates("free_traces", READY, FREE),
             candidates("expired_traces", READY, t.claimed_until_ns < bindparam("now"), oldest=False),
