@@ -51,13 +51,10 @@ def _store_with_history(db_url: str) -> Store:
     return Store(engine)
 
 
-def test_the_look_for_ready_traces_reads_the_ready_index(db_url: str) -> None:
-    """The claim's plan finds its candidates through `ix_traces_ready` (not by walking every
-    trace kept in arrival order, nor by a full scan), and it claims exactly the waiting ones."""
-    store = _store_with_history(db_url)
-    q = _statements(store.sqlite)
-    params = {
-        "owner": "a",
+def _claim_params(store: Store, owner: str) -> dict[str, object]:
+    """The claim statement's parameters for a look at time HISTORY, asking nothing again."""
+    return {
+        "owner": owner,
         "now": HISTORY,
         "until": HISTORY + 1,
         "quiet_before": HISTORY,
@@ -65,7 +62,14 @@ def test_the_look_for_ready_traces_reads_the_ready_index(db_url: str) -> None:
         "limit": 128,
         "again": listed([], store.sqlite),
     }
-    plan = query_plan(store, q.claim_ready, params)
+
+
+def test_the_look_for_ready_traces_reads_the_ready_index(db_url: str) -> None:
+    """The claim's plan finds its candidates through `ix_traces_ready` (not by walking every
+    trace kept in arrival order, nor by a full scan), and it claims exactly the waiting ones."""
+    store = _store_with_history(db_url)
+    q = _statements(store.sqlite)
+    plan = query_plan(store, q.claim_ready, _claim_params(store, "a"))
     assert any("ix_traces_ready" in line for line in plan), plan
     assert not any("ix_traces_last_arrival" in line or "Seq Scan on traces" in line for line in plan), plan
     claimed = store.claim_ready("a", HISTORY, 0, HISTORY, 10**9, limit=128)
@@ -104,15 +108,7 @@ def test_the_look_for_ready_traces_does_not_walk_the_held_ones(db_url: str) -> N
     assert store.claim("a", held, HISTORY, 10**9) == set(held)
     if not store.sqlite:
         q = _statements(store.sqlite)
-        params = {
-            "owner": "b",
-            "now": HISTORY,
-            "until": HISTORY + 1,
-            "quiet_before": HISTORY,
-            "wait_before": 0,
-            "limit": 128,
-            "again": listed([], store.sqlite),
-        }
+        params = _claim_params(store, "b")
         with store.engine.begin() as conn:  # analysed for real: rolled back below
             compiled = q.claim_ready.compile(dialect=conn.dialect)
             plan = [
