@@ -129,7 +129,7 @@ def test_the_look_for_ready_traces_does_not_walk_the_held_ones(db_url: str) -> N
     again = store.claim_ready("a", HISTORY, 0, HISTORY, 10**9, again=held[:3])
     assert [t.trace_id for t in again] == held[:3]
     ran_out = store.claim_ready("c", HISTORY, 0, HISTORY + 2 * 10**9, 10**9, limit=4)
-    assert [t.trace_id for t in ran_out] == held[:4]  # oldest first, across both sources
+    assert [t.trace_id for t in ran_out] == held[:4]  # every lease has lapsed: the oldest four
     store.engine.dispose()
 
 
