@@ -415,6 +415,8 @@ class Probe:
 
 @dataclass
 class LightResponse:
+    """What the pollers read of an answer."""
+
     status_code: int
     body: bytes
 
