@@ -142,9 +142,10 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "c
         time.sleep(0.02)
 
 
-def query_plan(store: Store, stmt: Any, params: dict[str, Any]) -> list[str]:
+def query_plan(store: Store, stmt: Any, params: dict[str, Any], analyze: bool = False) -> list[str]:
     """`stmt`'s plan; PostgreSQL is told to avoid full scans wherever it can (on a table this
-    small it would scan rather than look ids up), so that one that remains is one no index allows."""
+    small it would scan rather than look ids up), so that one that remains is one no index allows.
+    `analyze` (PostgreSQL): run it and show the rows each step read; what it wrote is rolled back."""
     with store.engine.begin() as conn:
         compiled = stmt.compile(dialect=conn.dialect)
         values = compiled.construct_params(params)
@@ -152,4 +153,7 @@ def query_plan(store: Store, stmt: Any, params: dict[str, Any]) -> list[str]:
             ordered = tuple(values[k] for k in compiled.positiontup or ())
             return [row[-1] for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + str(compiled), ordered)]
         conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
-        return [row[0] for row in conn.exec_driver_sql("EXPLAIN " + str(compiled), values)]
+        explain = "EXPLAIN (ANALYZE, COSTS OFF) " if analyze else "EXPLAIN "
+        plan = [row[0] for row in conn.exec_driver_sql(explain + str(compiled), values)]
+        conn.rollback()
+        return plan

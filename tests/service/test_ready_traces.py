@@ -107,17 +107,7 @@ def test_the_look_for_ready_traces_does_not_walk_the_held_ones(db_url: str) -> N
     free = [trace_id(i) for i in range(HISTORY - 5, HISTORY)]
     assert store.claim("a", held, HISTORY, 10**9) == set(held)
     if not store.sqlite:
-        q = _statements(store.sqlite)
-        params = _claim_params(store, "b")
-        with store.engine.begin() as conn:  # analysed for real: rolled back below
-            compiled = q.claim_ready.compile(dialect=conn.dialect)
-            plan = [
-                row[0]
-                for row in conn.exec_driver_sql(
-                    "EXPLAIN (ANALYZE, COSTS OFF) " + str(compiled), compiled.construct_params(params)
-                )
-            ]
-            conn.rollback()
+        plan = query_plan(store, _statements(False).claim_ready, _claim_params(store, "b"), analyze=True)
         start = next(i for i, line in enumerate(plan) if "ix_traces_ready" in line)
         end = next((i for i in range(start + 1, len(plan)) if "->" in plan[i] or "CTE" in plan[i]), len(plan))
         walk = plan[start:end]  # the index scan and its detail lines
