@@ -1112,7 +1112,7 @@ class _Statements:
         def ids(col: ColumnElement[Any]) -> ColumnElement[bool]:
             return among(col, "ids", sqlite)
 
-        def free() -> ColumnElement[bool]:
+        def claimable() -> ColumnElement[bool]:
             """Not leased, lease run out, or leased to `owner`."""
             return or_(
                 t.claimed_until_ns.is_(None),
@@ -1187,7 +1187,7 @@ class _Statements:
             .values(**lease)
             .returning(t.trace_id, t.last_arrival_ns, t.late_spans, t.assembled_ns)
         )
-        self.claim = update(traces).where(ids(t.trace_id), free()).values(**lease).returning(t.trace_id)
+        self.claim = update(traces).where(ids(t.trace_id), claimable()).values(**lease).returning(t.trace_id)
         self.release = (
             update(traces)
             .where(ids(t.trace_id), t.claimed_by == bindparam("owner"))
