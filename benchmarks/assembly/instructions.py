@@ -218,15 +218,13 @@ def main() -> int:
             pipeline(folder)
             return 0
         for n in args.requests:
-            database = Database(args.db) if args.db == "postgresql" else None
+            database = Database(args.db)
             try:
-                url = database.url if database else f"sqlite:///{Path(tmp) / f'instr-{n}.db'}"
-                store(url, n)
-                child = ["--assemble", url, *(["--child-gc"] if args.child_gc else [])]
+                store(database.url, n)
+                child = ["--assemble", database.url, *(["--child-gc"] if args.child_gc else [])]
                 count, assembled = instructions(child, folder / f"callgrind.out.{n}")
             finally:
-                if database:
-                    database.drop()
+                database.drop()
             if int(assembled) != n:
                 raise RuntimeError(f"assembled {assembled} requests, not {n}")
             counts.append(count)

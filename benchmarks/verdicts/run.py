@@ -437,19 +437,22 @@ class LightClient:
         self._conn: http.client.HTTPConnection | None = None
 
     def get(self, path: str) -> LightResponse:
-        for attempt in (0, 1):  # once more on a fresh connection if the kept one was closed
-            if self._conn is None:
-                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
-            try:
-                self._conn.request("GET", path)
-                r = self._conn.getresponse()
-                return LightResponse(r.status, r.read())
-            except (OSError, http.client.HTTPException):
-                self._conn.close()
-                self._conn = None
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
+        try:
+            return self._get(path)
+        except (OSError, http.client.HTTPException):  # the server closed the kept connection
+            return self._get(path)  # once more, on a new one
+
+    def _get(self, path: str) -> LightResponse:
+        if self._conn is None:
+            self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+        try:
+            self._conn.request("GET", path)
+            r = self._conn.getresponse()
+            return LightResponse(r.status, r.read())
+        except (OSError, http.client.HTTPException):
+            self._conn.close()
+            self._conn = None
+            raise
 
     def __enter__(self) -> LightClient:
         return self
