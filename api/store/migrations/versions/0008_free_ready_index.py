@@ -8,9 +8,10 @@ largest statement of assembly on PostgreSQL. Now the index holds the ready trace
 holds, and `ix_traces_leased` the held ones by when their lease runs out, which is where a look
 finds the traces of a replica that died.
 
-During a rollout a replica still running the previous release looks for work without the new
-index's predicate: it walks `ix_traces_last_arrival` instead, slower but correct. Building the
-indexes reads the whole table once.
+During a rollout a replica still running the previous release keeps working: PostgreSQL
+answers its look for work from both new indexes at once (a bitmap OR of the free traces and
+the leases; `EXPLAIN` of that release's statement on this schema). Building the indexes reads
+the whole table once.
 
 Revision ID: 0008
 Revises: 0007
