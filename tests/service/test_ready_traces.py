@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from sqlalchemy import insert, inspect, update
+from sqlalchemy import Engine, insert, inspect, update
 
 from railtrace.store import Store, make_engine, migrate
 from railtrace.store.schema import traces
@@ -123,20 +123,23 @@ def test_the_look_for_ready_traces_does_not_walk_the_held_ones(db_url: str) -> N
     store.engine.dispose()
 
 
+def _ready_index(engine: Engine) -> tuple[set[str], str]:
+    """The names of the indexes of `traces`, and the definition of `ix_traces_ready`."""
+    with engine.connect() as conn:
+        names = {ix["name"] for ix in inspect(conn).get_indexes("traces")}
+        if engine.dialect.name == "sqlite":
+            query = "SELECT sql FROM sqlite_master WHERE name = 'ix_traces_ready'"
+        else:
+            query = "SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_traces_ready'"
+        sql = conn.exec_driver_sql(query).scalar()
+    return names, sql
+
+
 def test_the_ready_index_holds_only_traces_awaiting_assembly(db_url: str) -> None:
     """The migrations create it partial (Alembic's comparison with the models does not look
     at an index's predicate), and the index it replaces is gone."""
     store = _store_with_history(db_url)
-    with store.engine.connect() as conn:
-        names = {ix["name"] for ix in inspect(conn).get_indexes("traces")}
-        if store.sqlite:
-            sql = conn.exec_driver_sql(
-                "SELECT sql FROM sqlite_master WHERE name = 'ix_traces_ready'"
-            ).scalar()
-        else:
-            sql = conn.exec_driver_sql(
-                "SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_traces_ready'"
-            ).scalar()
+    names, sql = _ready_index(store.engine)
     assert "ix_traces_dirty" not in names and {"ix_traces_ready", "ix_traces_leased"} <= names
     assert "WHERE" in sql.upper() and "dirty" in sql and "claimed_until_ns IS NULL" in sql, sql
     store.engine.dispose()
@@ -173,6 +176,8 @@ def test_migration_0008_splits_the_ready_index_and_back(db_url: str) -> None:
             ],
         )
     migrate(engine)
+    names, sql = _ready_index(engine)
+    assert "ix_traces_leased" in names and "claimed_until_ns IS NULL" in sql, sql
     store = Store(engine)
     assert store.count_dirty() == 4
     assert [t.trace_id for t in store.claim_ready("new", 10, 0, 50, 10**9)] == [trace_id(3), trace_id(4)]
@@ -180,7 +185,7 @@ def test_migration_0008_splits_the_ready_index_and_back(db_url: str) -> None:
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.downgrade(cfg, "0007")
-    with engine.connect() as conn:
-        names = {ix["name"] for ix in inspect(conn).get_indexes("traces")}
+    names, sql = _ready_index(engine)
     assert "ix_traces_ready" in names and "ix_traces_leased" not in names
+    assert "dirty" in sql and "claimed_until_ns" not in sql, sql
     engine.dispose()
