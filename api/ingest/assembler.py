@@ -269,7 +269,7 @@ class Assembler:
         for g in groups:
             if g & pending:
                 continue  # joins a request assembled and not stored yet: after it is stored
-            outside = g - seen.keys()
+            outside = g.difference(seen)  # not `g - seen.keys()`: that walks all of `seen`
             busy = any(t in states and states[t].last_arrival_ns > ready_cutoff for t in outside)
             if busy and max(seen[t] for t in g if t in seen) > wait_cutoff:
                 continue  # a sibling hop is still arriving: assemble them together later
