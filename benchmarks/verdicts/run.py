@@ -1078,13 +1078,13 @@ def main() -> int:
     lat.add_argument("--warmup", type=float, default=5.0, help="seconds left out of the maximum")
     lat.add_argument("--seconds", type=float, default=60.0, help="seconds of paced load")
     lat.add_argument("--senders", type=int, default=8, help="threads sending the paced calls")
-    lat.add_argument("--sample", type=int, default=32, help="poll every Nth request")
+    lat.add_argument("--sample", type=int, default=128, help="poll every Nth request")
     lat.add_argument("--pollers", type=int, default=4, help="threads polling the API")
     lat.add_argument("--poll-interval", type=float, default=0.02, help="seconds between polls of one request")
     lat.add_argument("--poll-window", type=int, default=4, help="oldest waiting probes being polled")
     lat.add_argument("--poll-slow", type=float, default=0.1, help="poll interval behind the oldest probe")
     lat.add_argument(
-        "--poll-lead", type=float, default=0.5, help="start polling this long before the quiet period ends"
+        "--poll-lead", type=float, default=0.15, help="start polling this long before the quiet period ends"
     )
     lat.add_argument(
         "--scrape-interval",
