@@ -35,7 +35,13 @@ class Settings(BaseSettings):
     # Assembly.
     quiet_period_s: float = Field(2.0, description="A request is assembled this long after its last span.")
     assembly_interval_s: float = Field(
-        0.05, description="How often the assembler looks for requests past their quiet period."
+        0.2,
+        gt=0,
+        description=(
+            "Longest time between two looks for requests ready to assemble. With a lookahead the"
+            " assembler looks at least twice per lookahead, so requests are claimed before their"
+            " quiet period ends; without one a request may wait this long past it."
+        ),
     )
     assembly_lookahead_s: float = Field(
         1.0,

@@ -18,6 +18,7 @@ from sqlalchemy import select
 from railtrace.ingest.assembler import GATHER_NS, Assembler, default_pipeline
 from railtrace.ingest.writer import prepare
 from railtrace.metrics import Metrics
+from railtrace.settings import Settings
 from railtrace.store import Store
 from railtrace.store.schema import requests as requests_table
 from railtrace.store.schema import traces as traces_table
@@ -130,6 +131,34 @@ def test_a_driven_clock_gets_no_lookahead(store: Store, db_url: str) -> None:
     assert assembler._pending == [] and _stored(store) == []
     assembler.run_once(now_ns=arrival + int(QUIET_S * 1e9))
     assert assembler._pending == [] and len(_stored(store)) == 1
+
+
+@pytest.mark.parametrize(
+    ("quiet_s", "lookahead_s", "interval_s", "looks_every_s"),
+    [
+        (2.0, 1.0, None, 0.2),  # the defaults: a look every 200 ms, claimed 0.8-1 s ahead
+        (0.2, 1.0, None, 0.05),  # a short quiet period: half of its 0.1 s lookahead
+        (2.0, 0.0, None, 0.2),  # no lookahead: the interval alone
+        (2.0, 1.0, 0.01, 0.01),  # an operator's shorter interval is kept
+    ],
+)
+def test_looks_come_at_least_twice_per_lookahead(
+    store: Store,
+    db_url: str,
+    quiet_s: float,
+    lookahead_s: float,
+    interval_s: float | None,
+    looks_every_s: float,
+) -> None:
+    """A look for work is a claim and a round of statements, so the assembler looks only as
+    often as the lookahead needs to claim each request before its quiet period ends."""
+    if interval_s is None:  # the service's default, not the short one of the test helpers
+        interval_s = Settings.model_fields["assembly_interval_s"].default
+    settings = settings_for(
+        db_url, quiet_period_s=quiet_s, assembly_lookahead_s=lookahead_s, assembly_interval_s=interval_s
+    )
+    assembler = Assembler(store, settings, Metrics(), default_pipeline(settings, TopologyHolder([]).get))
+    assert assembler.look_interval_s == pytest.approx(looks_every_s)
 
 
 def test_a_failed_store_loses_nothing(store: Store, db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
