@@ -243,7 +243,7 @@ def assemble_until(db_url: str, topo: Path, quiet_period_s: float, stop: Callabl
     try:
         while not stop():
             if not assembler.run_once(limit=FULL_BATCH):
-                time.sleep(settings.assembly_interval_s)
+                time.sleep(assembler.look_interval_s)  # the service's own pace between looks
     finally:
         engine.dispose()
 
