@@ -1103,6 +1103,8 @@ def main() -> int:
     mem.add_argument("--memory-seconds", type=float, default=180.0, help="seconds of flat-out load")
     mem.add_argument("--memory-drain", type=float, default=60.0, help="seconds sampled after the load")
     args = ap.parse_args()
+    if args.recalibrate and (args.rate or args.memory):
+        ap.error("--recalibrate measures the maximum again: not with --rate (a given maximum) or --memory")
     if args.quiet_period is None:
         args.quiet_period = 30.0 if args.memory else 2.0
     dbs = ["sqlite", "postgresql"] if args.db == "both" else [args.db]
@@ -1119,7 +1121,7 @@ def main() -> int:
             calib = {"spans_per_s": args.rate, "given": True} if args.rate else max_rate(db, args, seed)
             rate = args.fraction * calib["spans_per_s"]
             run = {**started, "max_rate": calib, **latency_run(db, args, rate, seed + 100)}
-            if args.recalibrate and not args.rate:
+            if args.recalibrate:
                 # The machine's speed can move by a fifth within minutes: measured again, a
                 # maximum far from the first says the offered rate was not half of what the
                 # machine could do while the latency was measured.
@@ -1131,10 +1133,8 @@ def main() -> int:
             rs = [r for r in runs if r["db"] == db]
             out[f"summary_{db}"] = {
                 "max_rate": spread([r["max_rate"]["spans_per_s"] for r in rs]),
-                **(
-                    {"max_rate_after": spread([r["max_rate_after"]["spans_per_s"] for r in rs])}
-                    if all("max_rate_after" in r for r in rs)
-                    else {}
+                "max_rate_after": spread(
+                    [r["max_rate_after"]["spans_per_s"] for r in rs if r.get("max_rate_after")]
                 ),
                 "p50": spread([r["verdict_latency_s"]["p50"] for r in rs]),
                 "p99": spread([r["verdict_latency_s"]["p99"] for r in rs]),
