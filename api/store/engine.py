@@ -9,14 +9,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic import command
-from alembic.config import Config
 from psycopg.types.array import ListBinaryDumper
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -265,6 +266,10 @@ class SqliteWal:
 
 
 def alembic_config() -> Config:
+    # Imported here: only the serve process migrates, and alembic (with mako and its DDL
+    # modules) is ~10 MB that every assembly child would otherwise load and keep.
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     return cfg
@@ -282,6 +287,8 @@ def migrate(engine: Engine) -> None:
     the schema at head and do nothing. (DDL is transactional in PostgreSQL, so a replica that
     dies mid-migration leaves the previous revision, not half of the next.)
     """
+    from alembic import command
+
     cfg = alembic_config()
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
