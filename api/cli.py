@@ -25,6 +25,19 @@ def _env_default(name: str) -> str:
     return f"(env RAILTRACE_{name.upper().replace('-', '_')})"
 
 
+def _process_count(value: str) -> int | str:
+    """`auto` or a whole number from 0 to 32, for `--assembly-processes`."""
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= 32:
+        raise argparse.ArgumentTypeError(f"expected auto or a number from 0 to 32, got {value!r}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="railtrace",
@@ -54,9 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--assembly-processes",
-        type=int,
-        help="assemble requests in N child processes, on other cores (default 0: a thread) "
-        + _env_default("assembly_processes"),
+        type=_process_count,
+        metavar="N|auto",
+        help="assemble requests in N child processes, on other cores; 0: a thread; default auto:"
+        " 2 where 2 or more CPUs are usable, else a thread " + _env_default("assembly_processes"),
     )
     serve.add_argument("--retention-hours", type=float, help="delete requests older than this (0 keeps all)")
     serve.add_argument(

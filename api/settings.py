@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -51,11 +52,13 @@ class Settings(BaseSettings):
             " period ends, and store it as soon as it has ended unless a span arrived meanwhile."
         ),
     )
-    assembly_processes: int = Field(
-        0,
-        ge=0,
-        le=32,
-        description="Assemble in this many child processes (other cores) instead of a thread; 0 = thread.",
+    assembly_processes: Annotated[int, Field(ge=0, le=32)] | Literal["auto"] = Field(
+        "auto",
+        description=(
+            "Assemble in this many child processes (other cores) instead of a thread; 0 = a thread;"
+            " auto = 2 where the service may use at least 2 CPUs (affinity and container CPU quota),"
+            " else a thread."
+        ),
     )
     max_trace_wait_s: float = Field(300.0, description="Assemble even without an ended root after this.")
 

@@ -3,6 +3,12 @@
 PostgreSQL: each test gets its own throwaway schema on the server at
 `RAILTRACE_TEST_PG` (default `postgresql+psycopg://postgres@127.0.0.1:5432/test`), selected
 through `search_path`, dropped afterwards; other users of the server are not touched.
+
+Services started by tests assemble in a thread (`RAILTRACE_ASSEMBLY_PROCESSES=0`, set for every
+test and inherited by the `railtrace` processes they start): many tests step the assembler by
+hand, and two spawned interpreters per service would add minutes to the suite. The shipped
+default (`auto`, child processes) is tested where a test clears it: tests/service/
+test_assembly_processes.py.
 """
 
 from __future__ import annotations
@@ -18,6 +24,11 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 PG_URL = os.environ.get("RAILTRACE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture(autouse=True)
+def _assemble_in_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAILTRACE_ASSEMBLY_PROCESSES", "0")
 
 
 @pytest.fixture(scope="session")

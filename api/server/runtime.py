@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 
 from railtrace.ingest import BulkWriter
 from railtrace.ingest.assembler import Assembler, Pipeline, default_pipeline
-from railtrace.ingest.workers import AssemblyWorkers
+from railtrace.ingest.workers import AssemblyWorkers, assembly_process_count
 from railtrace.metrics import Metrics
 from railtrace.server.security import content_filter
 from railtrace.settings import Settings
@@ -101,10 +101,14 @@ class Runtime:
         self._load_topology()
         self.writer.start()
         pipeline = self._pipeline
-        if pipeline is None and self.topology_holder is not None and self.settings.assembly_processes > 0:
-            self.assembly_workers = AssemblyWorkers(
-                self.settings, self.metrics, self.settings.assembly_processes
-            ).start()
+        processes = assembly_process_count(self.settings.assembly_processes)
+        if pipeline is None and self.topology_holder is not None and processes > 0:
+            log.info(
+                "assembling in %d child processes (assembly_processes=%s)",
+                processes,
+                self.settings.assembly_processes,
+            )
+            self.assembly_workers = AssemblyWorkers(self.settings, self.metrics, processes).start()
         elif pipeline is None and self.topology_holder is not None:
             try:
                 pipeline = default_pipeline(self.settings, self.topology)

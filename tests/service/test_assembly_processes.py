@@ -1,16 +1,23 @@
 """`assembly_processes`: requests assembled in child processes, counted in this process's
-`/metrics`, with a child that dies started again and nothing left running after stop."""
+`/metrics`, with a child that dies started again and nothing left running after stop; the
+default, `auto`, and how it reads the CPUs a service may use."""
 
 from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import httpx
+import pytest
+from pydantic import ValidationError
 from service_helpers import export_request, settings_for, trace_id, wait_for
 from test_service_assembly import get_request, metric_sum, post
 
+from railtrace.cli import build_parser
+from railtrace.ingest.workers import AUTO_PROCESSES, assembly_process_count, usable_cpus
 from railtrace.server.runner import Service
+from railtrace.settings import Settings
 
 
 def test_children_assemble_count_in_metrics_and_are_restarted(db_url: str) -> None:
@@ -75,3 +82,73 @@ def test_recorded_updates_replay_to_the_same_exposition() -> None:
     exemplars = replayed.render("application/openmetrics-text")[0].decode()
     flag_series = 'llm_d_tracing_flags_total{flag="tcp_fallback",path_class="tcp_fallback"}'
     assert f"{flag_series} 1.0 # {{trace_id=" in exemplars
+
+
+def test_the_default_assembles_in_children_where_two_cpus_are_usable(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shipped default, `auto`, with nothing set: children on this machine's cores."""
+    monkeypatch.delenv("RAILTRACE_ASSEMBLY_PROCESSES")
+    settings = settings_for(db_url)
+    assert settings.assembly_processes == "auto"
+    expected = assembly_process_count("auto")
+    with Service(settings) as svc:
+        rt = svc.runtime
+        if expected:
+            assert rt.assembler is None and rt.assembly_workers is not None
+            assert rt.assembly_workers.processes == expected == AUTO_PROCESSES
+        else:  # a machine (or container quota) with fewer than two CPUs
+            assert rt.assembler is not None and rt.assembly_workers is None
+        post(svc, export_request([1]))
+        assert wait_for(lambda: get_request(svc, trace_id(1)), what="request 1")["ttft_s"] is not None
+        wait_for(lambda: metric_sum(svc, "llm_d_tracing_requests_total") == 1, what="request counted")
+
+
+@pytest.mark.parametrize(
+    ("cpus", "expected"), [(1.0, 0), (1.5, 0), (2.0, AUTO_PROCESSES), (64.0, AUTO_PROCESSES)]
+)
+def test_auto_needs_two_usable_cpus(cpus: float, expected: int) -> None:
+    assert assembly_process_count("auto", cpus=cpus) == expected
+    assert assembly_process_count(3, cpus=cpus) == 3  # a number is taken as it is
+    assert assembly_process_count(0, cpus=cpus) == 0
+
+
+def _cgroup(tmp_path: Path, files: dict[str, str]) -> Path:
+    for name, content in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(content)
+    return tmp_path
+
+
+def test_usable_cpus_is_capped_by_a_container_cpu_quota(tmp_path: Path) -> None:
+    affinity = float(len(os.sched_getaffinity(0)))
+    assert usable_cpus(tmp_path / "absent") == affinity
+    assert usable_cpus(_cgroup(tmp_path / "v2max", {"cpu.max": "max 100000\n"})) == affinity
+    assert usable_cpus(_cgroup(tmp_path / "v2", {"cpu.max": "50000 100000\n"})) == min(affinity, 0.5)
+    v1 = {"cpu/cpu.cfs_quota_us": "150000\n", "cpu/cpu.cfs_period_us": "100000\n"}
+    assert usable_cpus(_cgroup(tmp_path / "v1", v1)) == min(affinity, 1.5)
+    v1_unlimited = {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}
+    assert usable_cpus(_cgroup(tmp_path / "v1max", v1_unlimited)) == affinity
+    assert usable_cpus(_cgroup(tmp_path / "junk", {"cpu.max": "lots\n"})) == affinity
+
+
+def test_the_setting_takes_auto_or_a_number(monkeypatch: pytest.MonkeyPatch) -> None:
+    for raw, parsed in (("auto", "auto"), ("0", 0), ("2", 2)):
+        monkeypatch.setenv("RAILTRACE_ASSEMBLY_PROCESSES", raw)
+        assert Settings(db="sqlite://").assembly_processes == parsed
+    for bad in ("-1", "33", "many"):
+        monkeypatch.setenv("RAILTRACE_ASSEMBLY_PROCESSES", bad)
+        with pytest.raises(ValidationError, match="assembly_processes"):
+            Settings(db="sqlite://")
+    parser = build_parser()
+    assert parser.parse_args(["serve", "--assembly-processes", "auto"]).assembly_processes == "auto"
+    assert parser.parse_args(["serve", "--assembly-processes", "3"]).assembly_processes == 3
+
+
+def test_a_bad_process_count_on_the_command_line_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["serve", "--assembly-processes", "lots"])
+    assert exit_info.value.code == 2
+    assert "expected auto or a number from 0 to 32, got 'lots'" in capsys.readouterr().err
