@@ -278,16 +278,23 @@ def tree(pid: int) -> list[int]:
 
 def status_mb(pid: int) -> dict[str, float]:
     """RSS and its parts (anonymous, file-backed, shared memory) and the peak, in MB, summed over
-    the process and its children (the peak as the sum of each one's peak: an upper bound)."""
+    the process and its children (the peak as the sum of each one's peak: an upper bound), and
+    `Pss`: the sum of each process's proportional share, which counts a page the processes share
+    (the interpreter, libraries) once, as a container's memory accounting does; summed RSS
+    counts it once per process."""
     out: dict[str, float] = {}
     for p in tree(pid):
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                key = line.split(":", 1)[0]
-                if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
-                    out[key] = out.get(key, 0.0) + int(line.split()[1]) / 1024
-        except OSError:
-            pass
+        for source, keys in (
+            ("status", ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem")),
+            ("smaps_rollup", ("Pss",)),
+        ):
+            try:
+                for line in Path(f"/proc/{p}/{source}").read_text().splitlines():
+                    key = line.split(":", 1)[0]
+                    if key in keys:
+                        out[key] = out.get(key, 0.0) + int(line.split()[1]) / 1024
+            except OSError:
+                pass
     return out
 
 
@@ -305,8 +312,9 @@ def tree_cpu(pid: int) -> float:
 
 
 def serve(database: Any, quiet: float, args: argparse.Namespace) -> Any:
-    """`railtrace serve` on the database, with `--assembly-processes` if given."""
-    env = {"RAILTRACE_ASSEMBLY_PROCESSES": str(args.assembly_processes)} if args.assembly_processes else None
+    """`railtrace serve` on the database, with `--assembly-processes` if given (else its default)."""
+    given = args.assembly_processes is not None
+    env = {"RAILTRACE_ASSEMBLY_PROCESSES": str(args.assembly_processes)} if given else None
     return serve_process(database.url, database.tmp, quiet, extra_env=env)
 
 
@@ -884,8 +892,9 @@ def memory_run(db: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     try:
         with serve(database, args.quiet_period, args) as (proc, base):
             metrics = httpx.Client(base_url=base, timeout=30)
-            time.sleep(2.0)
+            time.sleep(5.0)  # assembly children, if any, have imported what they use
             idle = status_mb(proc.pid)
+            processes = len(tree(proc.pid))
             db_file = str(database.tmp / "bench.db")
             stop = threading.Event()
             t0 = time.monotonic()
@@ -917,7 +926,8 @@ def memory_run(db: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
             sampler.start()
             print(
                 f"[memory] {db}: {args.clients} clients flat out for {args.memory_seconds:.0f} s, "
-                f"quiet period {args.quiet_period:g} s; idle RSS {idle.get('VmRSS', 0):.0f} MB"
+                f"quiet period {args.quiet_period:g} s; {processes} process(es), idle RSS"
+                f" {idle.get('VmRSS', 0):.0f} MB, PSS {idle.get('Pss', 0):.0f} MB"
             )
             last = [0.0]
 
@@ -927,7 +937,7 @@ def memory_run(db: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
                     s = samples[-1]
                     print(
                         f"  {t:6.0f} s  {n * SPANS_PER_CALL / t:8,.0f} spans/s"
-                        f"  rss {s.get('VmRSS', 0):.0f} MB"
+                        f"  rss {s.get('VmRSS', 0):.0f} MB, pss {s.get('Pss', 0):.0f} MB"
                         f" (anon {s.get('RssAnon', 0):.0f}, file {s.get('RssFile', 0):.0f},"
                         f" shm {s.get('RssShmem', 0):.0f})  pending {s.get('pending', '-')}"
                         f"  queue {s.get('queue', '-')}  conns {s.get('sqlite_connections', '-')}"
@@ -979,6 +989,9 @@ def memory_run(db: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
         "rss_mb_median_steady": statistics.median(col(steady, "VmRSS")) if steady else None,
         "rss_mb_max_load": max(col(during, "VmRSS"), default=None),
         "rss_mb_max_drain": max(col(drain, "VmRSS"), default=None),
+        "processes": processes,
+        "pss_mb_median_steady": statistics.median(col(steady, "Pss")) if steady else None,
+        "pss_mb_max": max(col(samples, "Pss"), default=None),
         "rss_anon_mb_max": max(col(samples, "RssAnon"), default=None),
         "rss_file_mb_max": max(col(samples, "RssFile"), default=None),
         "rss_shmem_mb_max": max(col(samples, "RssShmem"), default=None),
@@ -991,7 +1004,9 @@ def memory_run(db: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
         "requests_sent": sent,
         "server_cpu_s_load": load_cpu,
         "database_mb_at_end": db_mb,
-        "formula": formula(idle.get("VmRSS", 0.0), max(col(samples, "queue"), default=0.0), args, terms),
+        "formula": formula(
+            idle.get("VmRSS", 0.0), max(col(samples, "queue"), default=0.0), args, terms, processes
+        ),
         "load_end": load(),
         "samples": samples,
     }
@@ -1000,7 +1015,10 @@ def memory_run(db: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
         f" {idle.get('VmRSS', 0):.0f} MB, median (after the first third)"
         f" {res['rss_mb_median_steady']:.0f} MB,"
         f" max under load {res['rss_mb_max_load']:.0f} MB, max while draining"
-        f" {res['rss_mb_max_drain'] or 0:.0f} MB, peak (VmHWM) {hwm:.0f} MB; max pending traces"
+        f" {res['rss_mb_max_drain'] or 0:.0f} MB; PSS median {res['pss_mb_median_steady'] or 0:.0f} MB,"
+        f" max {res['pss_mb_max'] or 0:.0f} MB"
+        f" ({processes} processes; summed RSS counts their shared pages once each)"
+        f", peak (VmHWM) {hwm:.0f} MB; max pending traces"
         f" {res['max_pending_traces']}, max queued spans {res['max_queue_spans']},"
         f" max SQLite connections {res['max_sqlite_connections']}; load {res['load_end']}"
     )
@@ -1018,19 +1036,24 @@ def memory_run(db: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     return res
 
 
-def formula(base: float, queue: float, args: argparse.Namespace, terms: dict[str, float]) -> dict[str, float]:
+def formula(
+    base: float, queue: float, args: argparse.Namespace, terms: dict[str, float], processes: int = 1
+) -> dict[str, float]:
     """The memory formula term by term with this run's measured inputs: as docs/performance.md
     writes it (receivers: at most AnyIO's 40 threads, each with one body and its parse), and as
     the code holds memory (every export awaiting its commit keeps its body twice -- the bytearray
     it was read into and the bytes copy -- next to its rows in the writer's queue; parses are
-    transient, at most one per worker thread)."""
+    transient, at most one per worker thread). `base` is the idle tree's RSS, children included;
+    each assembly child (all processes but the serve process and multiprocessing's resource
+    tracker, when there are children) holds its own batch."""
     try:
         from railtrace.ingest.assembler import FULL_BATCH
     except ImportError:
         FULL_BATCH = 500
     threads = min(args.clients, 40)
     rows = queue * terms["row_kb_per_pending_span"] / 1024
-    batch = FULL_BATCH * SPANS_PER_TRACE * terms["decoded_kb_per_assembled_span"] / 1024
+    assemblers = max(1, processes - 2)
+    batch = assemblers * FULL_BATCH * SPANS_PER_TRACE * terms["decoded_kb_per_assembled_span"] / 1024
     doc_receivers = threads * (terms["body_mb_per_call"] + terms["parse_mb_per_call"])
     bodies = args.clients * 2 * terms["body_mb_per_call"]
     parses = threads * terms["parse_mb_per_call"]
@@ -1100,7 +1123,9 @@ def main() -> int:
     ap.add_argument("--quiet-period", type=float, default=None, help="seconds; default 2, 30 with --memory")
     ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument(
-        "--assembly-processes", type=int, default=0, help="the service's assembly child processes (default 0)"
+        "--assembly-processes",
+        help="the service's assembly child processes: N, 0 for a thread, or auto"
+        " (default: the service's own default, auto)",
     )
     ap.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines")
     lat = ap.add_argument_group("verdict latency")
