@@ -25,7 +25,7 @@ def _env_default(name: str) -> str:
     return f"(env RAILTRACE_{name.upper().replace('-', '_')})"
 
 
-def _process_count(value: str) -> int | str:
+def assembly_process_arg(value: str) -> int | str:
     """`auto` or a whole number from 0 to 32, for `--assembly-processes`."""
     if value == "auto":
         return value
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--assembly-processes",
-        type=_process_count,
+        type=assembly_process_arg,
         metavar="N|auto",
         help="assemble requests in N child processes, on other cores; 0: a thread; default auto:"
         " 2 where 2 or more CPUs are usable, else a thread " + _env_default("assembly_processes"),

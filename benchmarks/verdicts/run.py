@@ -48,6 +48,7 @@ import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from sqlalchemy import text
 
+from railtrace.cli import assembly_process_arg
 from railtrace_tracing import semconv
 
 HERE = Path(__file__).resolve().parent
@@ -1124,6 +1125,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument(
         "--assembly-processes",
+        type=assembly_process_arg,
         help="the service's assembly child processes: N, 0 for a thread, or auto"
         " (default: the service's own default, auto)",
     )
@@ -1173,6 +1175,8 @@ def main() -> int:
         args.quiet_period = 30.0 if args.memory else 2.0
     dbs = ["sqlite", "postgresql"] if args.db == "both" else [args.db]
     info = meta(dbs)
+    given = args.assembly_processes is not None
+    info["assembly_processes"] = args.assembly_processes if given else "the service's default (auto)"
     print(f"railtrace verdict benchmark: {json.dumps(info)}")
     runs: list[dict[str, Any]] = []
     for db in dbs:
