@@ -49,25 +49,38 @@ AUTO_PROCESSES = 2
 AUTO_MIN_CPUS = 2.0
 
 
-def usable_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> float:
-    """CPUs this process may use: its CPU affinity, capped by a cgroup CPU quota (a container's
-    CPU limit, which neither `os.cpu_count` nor the affinity shows)."""
+def usable_cpus(
+    cgroup_root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")
+) -> float:
+    """CPUs this process may use: its CPU affinity, capped by the tightest cgroup CPU quota on
+    the way from its cgroup to the root (a container's CPU limit, or a systemd unit's
+    `CPUQuota`, which neither `os.cpu_count` nor the affinity shows)."""
     try:
         cpus = float(len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
         cpus = float(os.cpu_count() or 1)
-    quota: float | None = None
-    with contextlib.suppress(OSError, ValueError):
-        limit, period = (cgroup_root / "cpu.max").read_text().split()  # cgroup v2
-        if limit != "max":
-            quota = int(limit) / int(period)
-    if quota is None:
-        with contextlib.suppress(OSError, ValueError):  # cgroup v1
+    quotas: list[float] = []
+    own = "/"
+    with contextlib.suppress(OSError):
+        for line in proc_cgroup.read_text().splitlines():
+            # cgroup v2: "0::/path"; a path with ".." lies outside this namespace's view.
+            if line.startswith("0::") and ".." not in line:
+                own = line[3:] or "/"
+    here = cgroup_root / own.lstrip("/")
+    for directory in (here, *here.parents):
+        with contextlib.suppress(OSError, ValueError):
+            limit, period = (directory / "cpu.max").read_text().split()
+            if limit != "max":
+                quotas.append(int(limit) / int(period))
+        if directory == cgroup_root:
+            break
+    if not quotas:
+        with contextlib.suppress(OSError, ValueError):  # cgroup v1, as a container sees it
             limit_us = int((cgroup_root / "cpu" / "cpu.cfs_quota_us").read_text())
             period_us = int((cgroup_root / "cpu" / "cpu.cfs_period_us").read_text())
             if limit_us > 0 and period_us > 0:
-                quota = limit_us / period_us
-    return min(cpus, quota) if quota else cpus
+                quotas.append(limit_us / period_us)
+    return min([cpus, *quotas])
 
 
 def assembly_process_count(setting: int | Literal["auto"], cpus: float | None = None) -> int:

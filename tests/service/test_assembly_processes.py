@@ -122,14 +122,39 @@ def _cgroup(tmp_path: Path, files: dict[str, str]) -> Path:
 
 def test_usable_cpus_is_capped_by_a_container_cpu_quota(tmp_path: Path) -> None:
     affinity = float(len(os.sched_getaffinity(0)))
-    assert usable_cpus(tmp_path / "absent") == affinity
-    assert usable_cpus(_cgroup(tmp_path / "v2max", {"cpu.max": "max 100000\n"})) == affinity
-    assert usable_cpus(_cgroup(tmp_path / "v2", {"cpu.max": "50000 100000\n"})) == min(affinity, 0.5)
+    at_root = _cgroup(tmp_path, {"self": "0::/\n"}) / "self"  # a container's own cgroup namespace
+
+    def cpus(name: str, files: dict[str, str]) -> float:
+        return usable_cpus(_cgroup(tmp_path / name, files), at_root)
+
+    assert usable_cpus(tmp_path / "absent", tmp_path / "absent-too") == affinity
+    assert cpus("unlimited", {"cpu.max": "max 100000\n"}) == affinity
+    assert cpus("half", {"cpu.max": "50000 100000\n"}) == min(affinity, 0.5)
+    assert cpus("unreadable", {"cpu.max": "lots\n"}) == affinity
     v1 = {"cpu/cpu.cfs_quota_us": "150000\n", "cpu/cpu.cfs_period_us": "100000\n"}
-    assert usable_cpus(_cgroup(tmp_path / "v1", v1)) == min(affinity, 1.5)
+    assert cpus("v1", v1) == min(affinity, 1.5)
     v1_unlimited = {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}
-    assert usable_cpus(_cgroup(tmp_path / "v1max", v1_unlimited)) == affinity
-    assert usable_cpus(_cgroup(tmp_path / "junk", {"cpu.max": "lots\n"})) == affinity
+    assert cpus("v1-unlimited", v1_unlimited) == affinity
+
+
+def test_usable_cpus_takes_the_tightest_quota_from_its_cgroup_to_the_root(tmp_path: Path) -> None:
+    """On a host, a service's cgroup is a path below the root; a parent's limit binds it too."""
+    affinity = float(len(os.sched_getaffinity(0)))
+    root = _cgroup(
+        tmp_path / "fs",
+        {
+            "cpu.max": "max 100000\n",
+            "system.slice/cpu.max": "150000 100000\n",
+            "system.slice/railtrace.service/cpu.max": "max 100000\n",
+            "other.slice/cpu.max": "10000 100000\n",  # not on the way: ignored
+        },
+    )
+    own = _cgroup(tmp_path, {"self": "0::/system.slice/railtrace.service\n"}) / "self"
+    assert usable_cpus(root, own) == min(affinity, 1.5)
+    mixed = _cgroup(tmp_path, {"mixed": "12:cpu,cpuacct:/x\n0::/system.slice/railtrace.service\n"})
+    assert usable_cpus(root, mixed / "mixed") == min(affinity, 1.5)
+    outside = _cgroup(tmp_path, {"outside": "0::/../../other.slice\n"})  # beyond the namespace
+    assert usable_cpus(root, outside / "outside") == affinity
 
 
 def test_the_setting_takes_auto_or_a_number(monkeypatch: pytest.MonkeyPatch) -> None:
