@@ -26,15 +26,19 @@ def _env_default(name: str) -> str:
 
 
 def assembly_process_arg(value: str) -> int | str:
-    """`auto` or a whole number from 0 to 32, for `--assembly-processes`."""
+    """`auto` or a whole number from 0 to the settings' bound, for `--assembly-processes`."""
+    from railtrace.settings import MAX_ASSEMBLY_PROCESSES
+
     if value == "auto":
         return value
     try:
         n = int(value)
     except ValueError:
         n = -1
-    if not 0 <= n <= 32:
-        raise argparse.ArgumentTypeError(f"expected auto or a number from 0 to 32, got {value!r}")
+    if not 0 <= n <= MAX_ASSEMBLY_PROCESSES:
+        raise argparse.ArgumentTypeError(
+            f"expected auto or a number from 0 to {MAX_ASSEMBLY_PROCESSES}, got {value!r}"
+        )
     return n
 
 

@@ -8,6 +8,9 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# More assembly children than this would only queue for the same database.
+MAX_ASSEMBLY_PROCESSES = 32
+
 
 def default_db_url() -> str:
     return f"sqlite:///{Path.cwd() / 'railtrace.db'}"
@@ -52,7 +55,7 @@ class Settings(BaseSettings):
             " period ends, and store it as soon as it has ended unless a span arrived meanwhile."
         ),
     )
-    assembly_processes: Annotated[int, Field(ge=0, le=32)] | Literal["auto"] = Field(
+    assembly_processes: Annotated[int, Field(ge=0, le=MAX_ASSEMBLY_PROCESSES)] | Literal["auto"] = Field(
         "auto",
         description=(
             "Assemble in this many child processes (other cores) instead of a thread; 0 = a thread;"

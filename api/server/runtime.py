@@ -101,20 +101,21 @@ class Runtime:
         self._load_topology()
         self.writer.start()
         pipeline = self._pipeline
-        processes = assembly_process_count(self.settings.assembly_processes)
-        if pipeline is None and self.topology_holder is not None and processes > 0:
-            log.info(
-                "assembling in %d child processes (assembly_processes=%s)",
-                processes,
-                self.settings.assembly_processes,
-            )
-            self.assembly_workers = AssemblyWorkers(self.settings, self.metrics, processes).start()
-        elif pipeline is None and self.topology_holder is not None:
-            try:
-                pipeline = default_pipeline(self.settings, self.topology)
-            except ImportError as exc:
-                self.assembly_error = f"assembly unavailable: {exc}"
-                log.warning(self.assembly_error)
+        if pipeline is None and self.topology_holder is not None:
+            processes = assembly_process_count(self.settings.assembly_processes)
+            if processes:
+                log.info(
+                    "assembling in %d child processes (assembly_processes=%s)",
+                    processes,
+                    self.settings.assembly_processes,
+                )
+                self.assembly_workers = AssemblyWorkers(self.settings, self.metrics, processes).start()
+            else:
+                try:
+                    pipeline = default_pipeline(self.settings, self.topology)
+                except ImportError as exc:
+                    self.assembly_error = f"assembly unavailable: {exc}"
+                    log.warning(self.assembly_error)
         if pipeline is not None:
             # Its own engine: assembly's commits need not wait for the disk (see `make_engine`).
             self._assembly_engine = make_engine(self.settings.db, derived_only=True)
