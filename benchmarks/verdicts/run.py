@@ -277,6 +277,16 @@ def tree(pid: int) -> list[int]:
     return out
 
 
+def assembly_children(pid: int) -> int:
+    """The service's assembly processes: its descendants started by multiprocessing's spawn
+    (not its resource tracker), by their command line."""
+    n = 0
+    for p in tree(pid)[1:]:
+        with contextlib.suppress(OSError):
+            n += b"multiprocessing.spawn" in Path(f"/proc/{p}/cmdline").read_bytes()
+    return n
+
+
 def status_mb(pid: int) -> dict[str, float]:
     """RSS and its parts (anonymous, file-backed, shared memory) and the peak, in MB, summed over
     the process and its children (the peak as the sum of each one's peak: an upper bound), and
@@ -895,7 +905,7 @@ def memory_run(db: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
             metrics = httpx.Client(base_url=base, timeout=30)
             time.sleep(5.0)  # assembly children, if any, have imported what they use
             idle = status_mb(proc.pid)
-            processes = len(tree(proc.pid))
+            processes, children = len(tree(proc.pid)), assembly_children(proc.pid)
             db_file = str(database.tmp / "bench.db")
             stop = threading.Event()
             t0 = time.monotonic()
@@ -991,6 +1001,7 @@ def memory_run(db: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
         "rss_mb_max_load": max(col(during, "VmRSS"), default=None),
         "rss_mb_max_drain": max(col(drain, "VmRSS"), default=None),
         "processes": processes,
+        "assembly_children": children,
         "pss_mb_median_steady": statistics.median(col(steady, "Pss")) if steady else None,
         "pss_mb_max": max(col(samples, "Pss"), default=None),
         "rss_anon_mb_max": max(col(samples, "RssAnon"), default=None),
@@ -1006,7 +1017,7 @@ def memory_run(db: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
         "server_cpu_s_load": load_cpu,
         "database_mb_at_end": db_mb,
         "formula": formula(
-            idle.get("VmRSS", 0.0), max(col(samples, "queue"), default=0.0), args, terms, processes
+            idle.get("VmRSS", 0.0), max(col(samples, "queue"), default=0.0), args, terms, children
         ),
         "load_end": load(),
         "samples": samples,
@@ -1038,22 +1049,21 @@ def memory_run(db: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
 
 
 def formula(
-    base: float, queue: float, args: argparse.Namespace, terms: dict[str, float], processes: int = 1
+    base: float, queue: float, args: argparse.Namespace, terms: dict[str, float], children: int = 0
 ) -> dict[str, float]:
     """The memory formula term by term with this run's measured inputs: as docs/performance.md
     writes it (receivers: at most AnyIO's 40 threads, each with one body and its parse), and as
     the code holds memory (every export awaiting its commit keeps its body twice -- the bytearray
     it was read into and the bytes copy -- next to its rows in the writer's queue; parses are
     transient, at most one per worker thread). `base` is the idle tree's RSS, children included;
-    each assembly child (all processes but the serve process and multiprocessing's resource
-    tracker, when there are children) holds its own batch."""
+    each assembly child holds its own batch, and without children the serve process holds one."""
     try:
         from railtrace.ingest.assembler import FULL_BATCH
     except ImportError:
         FULL_BATCH = 500
     threads = min(args.clients, 40)
     rows = queue * terms["row_kb_per_pending_span"] / 1024
-    assemblers = max(1, processes - 2)
+    assemblers = max(1, children)
     batch = assemblers * FULL_BATCH * SPANS_PER_TRACE * terms["decoded_kb_per_assembled_span"] / 1024
     doc_receivers = threads * (terms["body_mb_per_call"] + terms["parse_mb_per_call"])
     bodies = args.clients * 2 * terms["body_mb_per_call"]
