@@ -90,19 +90,25 @@ class Service:
         return self
 
     def stop(self) -> None:
-        """Stop accepting, finish in-flight exports (they are answered after commit), close."""
+        """Stop accepting, finish in-flight exports (they are answered after commit), close.
+
+        Each step is logged, so a stop that takes long shows which part it waits for."""
         if self._grpc is not None:
+            log.info("stopping: OTLP/gRPC")
             self._grpc.stop(grace=5).wait(10)
             self._grpc = None
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
         if self._thread is not None:
+            log.info("stopping: HTTP")
             self._thread.join(timeout=15)
             self._thread = None
         self._uvicorn = None
         if self.runtime is not None:
+            log.info("stopping: writer and assembly")
             self.runtime.stop()
             self.runtime = None
+            log.info("stopped")
 
     def __enter__(self) -> Service:
         return self.start()

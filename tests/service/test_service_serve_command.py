@@ -64,7 +64,11 @@ def test_serve_command_end_to_end(db_url: str, tmp_path: Path) -> None:
             code = proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
-            raise
+            proc.wait(10)
+            # What it logged says which part of the stop hung.
+            raise AssertionError(
+                "railtrace serve did not stop within 30 s of SIGTERM:\n" + proc.stdout.read().decode()
+            ) from None
     output = proc.stdout.read().decode()
     assert code == 0, output
     assert f"http://127.0.0.1:{port}" in output and f"127.0.0.1:{grpc_port}" in output
