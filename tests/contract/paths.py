@@ -1,12 +1,11 @@
-"""Where the shared topology fixtures live (see tests/shared_paths.py)."""
+"""Where the contract tests' topology inputs live: the project's own fixtures, inside the repository."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tests.shared_paths import FIXTURES, SHARED
-
-DRANET = FIXTURES / "topology" / "dranet"
+TESTS = Path(__file__).resolve().parents[1]
+DRANET = TESTS / "fixtures" / "topology" / "dranet"
 HERE = Path(__file__).parent / "fixtures"
 
-__all__ = ["DRANET", "HERE", "SHARED"]
+__all__ = ["DRANET", "HERE"]

@@ -1,4 +1,4 @@
-"""The offline audit (topology files only) on real published DRA objects.
+"""The offline audit (topology files only) on the DRA objects of real published clusters.
 
 What it shows: each obligation judged from real claims, slices and templates is `ok` or
 `broken` for the reason an operator would give, names the objects and attributes, and the two
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import yaml
 
 from railtrace.contract import audit
@@ -29,8 +28,6 @@ AWS_P4D = [
 ]
 NIXL_ALIGNED = DRANET / "nixl-kv-transfer__resource-claim-template-aligned.yaml"
 NIXL_UNALIGNED = DRANET / "nixl-kv-transfer__resource-claim-template-unaligned.yaml"
-
-pytestmark = pytest.mark.skipif(not DRANET.is_dir(), reason="shared topology fixtures not present")
 
 
 def _report(paths: list[Path]):

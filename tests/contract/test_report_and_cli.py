@@ -31,7 +31,6 @@ AZURE_GB300 = [
 ]
 NIXL = DRANET / "nixl-kv-transfer__resource-claim-template-aligned.yaml"
 NIXL_NODE = HERE / "nixl-kv-transfer-h100-node.yaml"
-needs_shared = pytest.mark.skipif(not DRANET.is_dir(), reason="shared topology fixtures not present")
 
 
 def test_rollup_rule() -> None:
@@ -45,7 +44,6 @@ def test_rollup_rule() -> None:
     assert r.obligations["verified"]["status"] == UNKNOWN
 
 
-@needs_shared
 def test_gauges_and_filters_on_a_real_claim() -> None:
     report = audit(load_paths([str(p) for p in AZURE_GB300]))
     gauges = contract_gauges(report)
@@ -67,7 +65,6 @@ def test_gauges_and_filters_on_a_real_claim() -> None:
         filter_report(report, status="fine")
 
 
-@needs_shared
 def test_json_shape_is_serialisable_and_documented_keys_present() -> None:
     doc = audit(load_paths([str(p) for p in AZURE_GB300])).to_dict()
     assert set(doc) >= {
@@ -88,7 +85,6 @@ def test_json_shape_is_serialisable_and_documented_keys_present() -> None:
     json.dumps(doc)
 
 
-@needs_shared
 def test_cli_table_and_exit_code_on_broken(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["contract"]
     for p in AZURE_GB300:
@@ -100,7 +96,6 @@ def test_cli_table_and_exit_code_on_broken(capsys: pytest.CaptureFixture[str]) -
     assert "verified and consumed are unknown offline" in out
 
 
-@needs_shared
 def test_cli_json_on_templates(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["contract", "--topology", str(NIXL), "--topology", str(NIXL_NODE), "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
@@ -175,7 +170,6 @@ def test_cli_reads_recent_requests_from_the_store(tmp_path: Path, capsys: pytest
     assert by_name[decode.name]["obligations"]["preserved"]["status"] == UNKNOWN
 
 
-@needs_shared
 def test_contract_cache_reuses_a_report_until_stale_or_new_topology(tmp_path: Path) -> None:
     from railtrace.contract import ContractCache
     from railtrace.store import Store, make_engine, migrate

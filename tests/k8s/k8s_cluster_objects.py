@@ -1,7 +1,8 @@
-"""Cluster objects built from the shared topology fixtures, served by the stand-in API server.
+"""Cluster objects built from the project's topology fixtures, served by the stand-in API server.
 
-The ResourceSlices and ResourceClaims are the real ones captured by kubernetes-sigs/dranet on
-an AWS p4d node and an Azure GB300 node. Their Nodes and Pods were not captured, so they are
+The ResourceSlices and ResourceClaims carry the devices, attributes and allocations that
+kubernetes-sigs/dranet published as captured on an AWS p4d node and an Azure GB300 node
+(tests/fixtures/topology/dranet/PROVENANCE.md). Their Nodes and Pods were not captured, so they are
 written here with the names, namespaces and claim references the captured objects point to.
 The GB300 claim is moved to namespace `gb300` so its pod does not clash with the AWS pod of the
 same name (both upstream examples call their pod `nccl-test-dra-worker-0`).
@@ -10,23 +11,16 @@ same name (both upstream examples call their pod `nccl-test-dra-worker-0`).
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+TOPOLOGY = Path(__file__).resolve().parents[1] / "fixtures" / "topology"
 
 AWS_NODE = "ip-192-168-153-160.ec2.internal"
 AZURE_NODE = "aks-gpu-45139532-vmss000081"
 POD = "nccl-test-dra-worker-0"
-
-
-def shared_dir() -> Path:
-    """`shared/` sits beside the checkout (and beside CI's clone)."""
-    return Path(os.environ.get("RAILTRACE_SHARED", REPO.parent / "shared"))
 
 
 def _load(path: Path) -> list[dict[str, Any]]:
@@ -42,10 +36,7 @@ def _load(path: Path) -> list[dict[str, Any]]:
 
 
 def _fixture(name: str) -> list[dict[str, Any]]:
-    path = shared_dir() / "fixtures" / "topology" / "dranet" / name
-    if not path.exists():
-        pytest.skip(f"shared topology fixtures not found at {path} (set RAILTRACE_SHARED)")
-    return _load(path)
+    return _load(TOPOLOGY / "dranet" / name)
 
 
 def _node(name: str, labels: dict[str, str], address: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from k8s_cluster_objects import AWS_NODE, AZURE_NODE, POD, aws_objects, azure_objects, shared_dir
+from k8s_cluster_objects import AWS_NODE, AZURE_NODE, POD, TOPOLOGY, aws_objects, azure_objects
 from k8s_fake_apiserver import FakeApiServer
 
 from railtrace.server.runner import Service
@@ -52,11 +52,7 @@ def _nodes(topology: dict[str, Any]) -> set[str]:
 def test_serve_with_live_topology(
     apiserver: FakeApiServer, kubeconfig: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    smi = (
-        shared_dir() / "fixtures" / "topology" / "nvidia-smi-topo" / "h100-8gpu-8nic__sglang-issue-30401.txt"
-    )
-    if not smi.exists():
-        pytest.skip(f"shared fixtures not found at {smi}")
+    smi = TOPOLOGY / "nvidia-smi-topo" / "h100-8gpu-8nic__sglang-issue-30401.txt"
     static = tmp_path / "static"
     static.mkdir()
     shutil.copy(smi, static / "h100-host.txt")

@@ -1,4 +1,4 @@
-"""Where the shared real-world topology fixtures live (next to the checkout, or the shared folder)."""
+"""The project's own topology fixtures (facts from public examples, see their PROVENANCE.md)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.shared_paths import FIXTURES
-
-FIX = FIXTURES / "topology"
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "topology"
 
 
 @pytest.fixture(scope="session")
 def fix() -> Path:
-    if not FIX.exists():
-        pytest.skip("shared topology fixtures not present")
     return FIX

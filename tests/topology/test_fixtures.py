@@ -1,4 +1,4 @@
-"""Every file in the shared topology fixtures loads, with the specific facts it shows."""
+"""Every file in the topology fixtures loads, with the specific facts it shows."""
 
 from __future__ import annotations
 

@@ -153,8 +153,6 @@ def test_compute_domain_status_gives_nvlink_domain() -> None:
 def test_cli_show_text_and_json(tmp_path: Path) -> None:
     from tests.topology.conftest import FIX
 
-    if not FIX.exists():  # pragma: no cover
-        pytest.skip("shared topology fixtures not present")
     paths = [str(FIX / "nvidia-smi-topo" / "h100-8gpu-8nic__sglang-issue-30401.txt")]
     out = io.StringIO()
     assert topology_command(argparse.Namespace(paths=paths, json=False), out) == 0

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from railtrace.model import Flag
 from railtrace.topology import Topology, load_paths
 from railtrace.verdicts import VerdictConfig, judge, lane_transport
@@ -153,8 +151,6 @@ def test_unknown_device_is_not_judged(fleet: Topology) -> None:
 
 
 def test_real_azure_claim_gives_mismatch_from_allocation() -> None:
-    if not FIX.exists():  # pragma: no cover - checkout without the shared fixtures
-        pytest.skip("shared topology fixtures not present")
     az = FIX / "dranet"
     t = load_paths(
         [
