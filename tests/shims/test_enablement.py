@@ -15,10 +15,9 @@ from railtrace_tracing import semconv as sc
 from railtrace_tracing._common import enabled_shims
 from railtrace_tracing.kv_transfer import emit_kv_transfer, record_kv_transfer
 from railtrace_tracing.kv_transfer.recorder import evidence_attributes
-from tests.shared_paths import FIXTURES
 
 ROOT = Path(__file__).resolve().parents[2]
-PROBE = FIXTURES / "transport" / "probe" / "two_read_tls_tcp.log"
+PROBE = Path(__file__).resolve().parents[1] / "fixtures" / "transport" / "probe" / "two_read_tls_tcp.log"
 
 
 def test_env_switch_parsing() -> None:
@@ -29,7 +28,7 @@ def test_env_switch_parsing() -> None:
 
 def test_recorder_without_agent_uses_given_times_and_ucx_text(otel) -> None:
     provider, exporter = otel
-    text = PROBE.read_text() if PROBE.exists() else ""
+    text = PROBE.read_text()
     with record_kv_transfer(
         tracer_provider=provider,
         request_id="r1",

@@ -1,4 +1,4 @@
-"""Every real UCX log in the shared fixtures parses to the transport it actually used."""
+"""Every real UCX log in the transport fixtures parses to the transport it actually used."""
 
 from __future__ import annotations
 
@@ -11,13 +11,10 @@ import pytest
 from railtrace_tracing.semconv import Transport
 from railtrace_tracing.ucx import parse_file
 from railtrace_tracing.ucx.cli import ucx_evidence_command
-from tests.shared_paths import FIXTURES
 
-FIX = FIXTURES / "transport"
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "transport"
 PROBE = FIX / "probe"
 PUB = FIX / "public-excerpts"
-
-pytestmark = pytest.mark.skipif(not FIX.exists(), reason="shared transport fixtures not present")
 
 
 def _one(path: Path, context: str, op: str):
