@@ -17,8 +17,8 @@ report gives the median, min and max over rounds (the spread on a shared machine
 Part 2 — CPU per span of each shim on the OpenTelemetry SDK (BatchSpanProcessor as deployed, an
 exporter that drops; `--processor simple` for SimpleSpanProcessor), beside the peers measured in
 the same process: a bare SDK span with no attributes, and with the KV contract's 12 attributes.
-Also the cost of UCX evidence parsing (a whole 300-line probe log, and the cached per-transfer
-lookup). Part 3 adds them up for one P/D request as the shims would see it.
+Also the cost of UCX evidence parsing (a whole probe log from tests/fixtures/transport, and the
+cached per-transfer lookup). Part 3 adds them up for one P/D request as the shims would see it.
 
 `--tracing-dir DIR` loads `railtrace_tracing` from another checkout's `tracing/` (to measure an
 earlier version with the same harness, in the same conditions).
@@ -49,10 +49,7 @@ from opentelemetry.sdk.trace.export import (
 from tests.shims.nixl_loopback import open_initiator
 
 ROOT = Path(__file__).resolve().parents[2]
-PROBE_LOG = (
-    Path(os.environ.get("RAILTRACE_SHARED") or Path(__file__).resolve().parents[3] / "shared")
-    / "fixtures/transport/probe/two_read_default.log"
-)
+PROBE_LOG = ROOT / "tests" / "fixtures" / "transport" / "probe" / "two_read_default.log"
 
 
 PROCESSOR = ["batch"]
@@ -287,7 +284,11 @@ def span_costs(n: int, rounds: int) -> dict[str, dict[str, float]]:
         ),
         n,
     )
-    add("evidence: parse whole probe log (308 lines)", lambda: parse_text(text), max(20, n // 50))
+    add(
+        f"evidence: parse whole probe log ({len(text.splitlines())} lines)",
+        lambda: parse_text(text),
+        max(20, n // 50),
+    )
     add("evidence: select() on parsed log", lambda: log.select("probe-initiator", "read"), n)
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
