@@ -16,13 +16,12 @@ import yaml
 
 from railtrace.normalize.table import EXACT
 from railtrace_tracing import semconv
-from tests.shared_paths import FIXTURES
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO / "collector_config"
 TIER1 = CONFIG_DIR / "tier1-loadbalancer.yaml"
 TIER2 = CONFIG_DIR / "tier2-sampler.yaml"
-LLMD_RECIPE = FIXTURES / "llmd" / "otel-collector.yaml"
+LLMD_RECIPE = REPO / "tests" / "fixtures" / "llmd" / "otel-collector-recipe.yaml"
 CONTRIB_VERSION = "0.120.0"
 
 # Environment the manifests must set (documented in collector_config/README.md).
@@ -340,8 +339,6 @@ def test_ottl_paths_match_the_context() -> None:
 
 
 def test_llm_d_scrape_filter_is_kept_verbatim() -> None:
-    if not LLMD_RECIPE.is_file():
-        pytest.skip("llm-d recipe fixture not present")
     recipe = next(d for d in yaml.safe_load_all(LLMD_RECIPE.read_text()) if d["kind"] == "ConfigMap")
     ours = CONFIGS[TIER2.name]["processors"]["filter/drop-metrics-scraping"]
     theirs = yaml.safe_load(recipe["data"]["config.yaml"])["processors"]["filter/drop-metrics-scraping"]
