@@ -107,6 +107,19 @@ def build_parser() -> argparse.ArgumentParser:
     show = topo_sub.add_parser("show", help="print the model built from topology inputs")
     show.add_argument("paths", nargs="+", metavar="PATH")
     show.add_argument("--json", action="store_true", help="print the documented JSON shape")
+    collect = topo_sub.add_parser(
+        "collect", help="write this node's topology YAML from sysfs (PCI, RDMA devices, netdevs, GPUs)"
+    )
+    collect.add_argument("--sysfs-root", default="/", metavar="DIR", help="read DIR/sys (default: /)")
+    collect.add_argument("--node", metavar="NAME", help="node name (default: $NODE_NAME, else the hostname)")
+    collect.add_argument("--output", "-o", metavar="FILE", help="write the YAML to FILE (default: stdout)")
+    smi = collect.add_mutually_exclusive_group()
+    smi.add_argument("--topo-matrix", metavar="FILE", help="embed this recorded `nvidia-smi topo -m` output")
+    smi.add_argument(
+        "--no-nvidia-smi",
+        action="store_true",
+        help="do not run `nvidia-smi topo -m` (it is run only when --sysfs-root is /)",
+    )
 
     ucx = sub.add_parser("ucx-evidence", help="which transport and device UCX used, from its logs")
     ucx.add_argument("paths", nargs="+", metavar="LOG", help="UCX log files ('-' reads stdin)")

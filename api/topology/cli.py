@@ -1,4 +1,5 @@
-"""`railtrace topology show PATH… [--json]`: the model built from those inputs, for humans or tools."""
+"""`railtrace topology show PATH… [--json]`: the model built from those inputs, for humans or tools;
+`railtrace topology collect`: a node's own hardware as railtrace topology YAML."""
 
 from __future__ import annotations
 
@@ -56,7 +57,49 @@ def render_text(t: Topology) -> str:
     return "\n".join(lines)
 
 
+def collect_command(args: Any, out: TextIO | None = None) -> int:
+    """`railtrace topology collect`: this node's hardware as railtrace topology YAML."""
+    import os
+
+    import yaml
+
+    from railtrace.topology.collect import collect
+
+    out = out or sys.stdout
+    root = args.sysfs_root or "/"
+    if not os.path.isdir(os.path.join(root, "sys")):
+        print(f"railtrace topology collect: {root}: no sys/ folder to read", file=sys.stderr)
+        return 2
+    matrix = None
+    if args.topo_matrix:
+        try:
+            with open(args.topo_matrix, encoding="utf-8") as f:
+                matrix = f.read()
+        except OSError as exc:
+            print(f"railtrace topology collect: {args.topo_matrix}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+    doc = collect(
+        root,
+        node=args.node,
+        topo_matrix=matrix,
+        run_nvidia_smi=not args.no_nvidia_smi and os.path.realpath(root) == "/",
+    )
+    text = yaml.safe_dump(doc, sort_keys=False, width=110)
+    for warning in doc["collected"].get("warnings", []):
+        print(f"railtrace topology collect: warning: {warning}", file=sys.stderr)
+    if args.output:
+        tmp = f"{args.output}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, args.output)  # a reader never sees half a file
+    else:
+        out.write(text)
+    return 0
+
+
 def topology_command(args: Any, out: TextIO | None = None) -> int:
+    if getattr(args, "topology_command", None) == "collect":
+        return collect_command(args, out)
     out = out or sys.stdout
     try:
         topology = load_paths(list(args.paths))
