@@ -113,6 +113,19 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("--sysfs-root", default="/", metavar="DIR", help="read DIR/sys (default: /)")
     collect.add_argument("--node", metavar="NAME", help="node name (default: $NODE_NAME, else the hostname)")
     collect.add_argument("--output", "-o", metavar="FILE", help="write the YAML to FILE (default: stdout)")
+    collect.add_argument(
+        "--configmap",
+        metavar="NAMESPACE/NAME",
+        help="also store the YAML as key <node>.yaml of this ConfigMap (the service reads it as a folder)",
+    )
+    collect.add_argument("--kubeconfig", metavar="FILE", help="for --configmap outside a cluster")
+    collect.add_argument(
+        "--interval",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="collect again every SECONDS (VFs come and go); 0 = once (default)",
+    )
     smi = collect.add_mutually_exclusive_group()
     smi.add_argument("--topo-matrix", metavar="FILE", help="embed this recorded `nvidia-smi topo -m` output")
     smi.add_argument(

@@ -58,12 +58,13 @@ def render_text(t: Topology) -> str:
 
 
 def collect_command(args: Any, out: TextIO | None = None) -> int:
-    """`railtrace topology collect`: this node's hardware as railtrace topology YAML."""
+    """`railtrace topology collect`: this node's hardware as railtrace topology YAML.
+
+    With `--interval` it runs until stopped (the DaemonSet's mode); a failed round is reported
+    and retried at the next one, so a brief API outage costs nothing but freshness.
+    """
     import os
-
-    import yaml
-
-    from railtrace.topology.collect import collect
+    import time
 
     out = out or sys.stdout
     root = args.sysfs_root or "/"
@@ -78,6 +79,21 @@ def collect_command(args: Any, out: TextIO | None = None) -> int:
         except OSError as exc:
             print(f"railtrace topology collect: {args.topo_matrix}: {exc.strerror or exc}", file=sys.stderr)
             return 2
+    interval = float(getattr(args, "interval", 0) or 0)
+    while True:
+        rc = _collect_once(args, root, matrix, out)
+        if interval <= 0:
+            return rc
+        time.sleep(interval)
+
+
+def _collect_once(args: Any, root: str, matrix: str | None, out: TextIO) -> int:
+    import os
+
+    import yaml
+
+    from railtrace.topology.collect import collect, publish
+
     doc = collect(
         root,
         node=args.node,
@@ -87,13 +103,20 @@ def collect_command(args: Any, out: TextIO | None = None) -> int:
     text = yaml.safe_dump(doc, sort_keys=False, width=110)
     for warning in doc["collected"].get("warnings", []):
         print(f"railtrace topology collect: warning: {warning}", file=sys.stderr)
-    if args.output:
-        tmp = f"{args.output}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, args.output)  # a reader never sees half a file
-    else:
-        out.write(text)
+    try:
+        if args.output:
+            tmp = f"{args.output}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, args.output)  # a reader never sees half a file
+        elif not getattr(args, "configmap", None):
+            out.write(text)
+        if getattr(args, "configmap", None):
+            where = publish(text, doc["nodes"][0]["name"], args.configmap, getattr(args, "kubeconfig", None))
+            print(f"railtrace topology collect: stored in ConfigMap {where}", file=sys.stderr)
+    except Exception as exc:  # reported; the next round retries
+        print(f"railtrace topology collect: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -305,3 +305,32 @@ def collect(
         if why:
             c.warnings.append(why)
     return c.collect(topo_matrix)
+
+
+def publish(text: str, node: str, target: str, kubeconfig: str | None = None) -> str:
+    """Store `text` as key `<node>.yaml` of ConfigMap `NAMESPACE/NAME` (created when missing).
+
+    One key per node in one ConfigMap, mounted into the service and read as a topology folder
+    beside `--topology k8s`: a merge patch touches only this node's key, so nodes publishing at
+    once do not overwrite each other.
+    """
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from railtrace.topology.k8s_source import load_api_client
+
+    namespace, _, name = target.partition("/")
+    if not namespace or not name:
+        raise ValueError(f"--configmap wants NAMESPACE/NAME, got {target!r}")
+    api = client.CoreV1Api(load_api_client(kubeconfig))
+    key = f"{node}.yaml"
+    try:
+        api.patch_namespaced_config_map(name, namespace, {"data": {key: text}})
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        body = client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace), data={key: text}
+        )
+        api.create_namespaced_config_map(namespace, body)
+    return f"{namespace}/{name} key {key}"

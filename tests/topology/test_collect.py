@@ -3,8 +3,11 @@ SR-IOV, Grace GB200, an Azure VM with VFs), and the collected YAML merged with t
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -175,3 +178,94 @@ def test_collect_to_stdout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert main(["topology", "collect", "--sysfs-root", str(root), "--node", "vm-1"]) == 0
     doc = yaml.safe_load(capsys.readouterr().out)
     assert doc["kind"] == "Topology" and doc["nodes"][0]["name"] == "vm-1"
+
+
+class _ConfigMaps(BaseHTTPRequestHandler):
+    """The two ConfigMap calls `--configmap` makes (merge PATCH, POST when missing), nothing else."""
+
+    store: dict[str, dict[str, str]] = {}
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _reply(self, code: int, body: dict[str, object]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> dict[str, object]:
+        return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+
+    def do_PATCH(self) -> None:
+        name = self.path.split("?")[0].rsplit("/", 1)[-1]
+        body = self._body()
+        if name not in self.store:
+            self._reply(
+                404,
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "code": 404,
+                    "reason": "NotFound",
+                },
+            )
+            return
+        self.store[name].update(body["data"])  # type: ignore[arg-type]
+        self._reply(
+            200,
+            {"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"name": name}, "data": self.store[name]},
+        )
+
+    def do_POST(self) -> None:
+        body = self._body()
+        name = body["metadata"]["name"]  # type: ignore[index]
+        self.store[name] = dict(body["data"])  # type: ignore[arg-type]
+        self._reply(201, body)
+
+
+def test_collect_publishes_one_key_per_node_into_a_configmap(tmp_path: Path) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ConfigMaps)
+    _ConfigMaps.store = {}
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}
+                    ],
+                    "users": [{"name": "u", "user": {"token": "t"}}],
+                    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                    "current-context": "x",
+                }
+            )
+        )
+        root = expand(load_record(SYSFS / "azure-gb300-vm.yaml"), tmp_path / "root")
+        for node in ("vm-1", "vm-2"):
+            argv = ["topology", "collect", "--sysfs-root", str(root), "--node", node]
+            argv += [
+                "--configmap",
+                "llm-d-tracing/railtrace-collected-topology",
+                "--kubeconfig",
+                str(kubeconfig),
+            ]
+            assert main(argv) == 0
+        data = _ConfigMaps.store["railtrace-collected-topology"]
+        assert set(data) == {"vm-1.yaml", "vm-2.yaml"}
+        folder = tmp_path / "mounted"
+        folder.mkdir()
+        for key, text in data.items():
+            (folder / key).write_text(text)
+        t = load_paths([folder])
+        assert set(t.nodes) == {"vm-1", "vm-2"} and t.nodes["vm-2"].rdma_path is True
+    finally:
+        server.shutdown()
+        server.server_close()
