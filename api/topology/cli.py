@@ -104,6 +104,10 @@ def _collect_once(args: Any, root: str, matrix: str | None, out: TextIO) -> int:
     for warning in doc["collected"].get("warnings", []):
         print(f"railtrace topology collect: warning: {warning}", file=sys.stderr)
     try:
+        # Publish first: the output file's age then tells a probe when a round last fully succeeded.
+        if getattr(args, "configmap", None):
+            where = publish(text, doc["nodes"][0]["name"], args.configmap, getattr(args, "kubeconfig", None))
+            print(f"railtrace topology collect: stored in ConfigMap {where}", file=sys.stderr)
         if args.output:
             tmp = f"{args.output}.tmp"
             with open(tmp, "w", encoding="utf-8") as f:
@@ -111,9 +115,6 @@ def _collect_once(args: Any, root: str, matrix: str | None, out: TextIO) -> int:
             os.replace(tmp, args.output)  # a reader never sees half a file
         elif not getattr(args, "configmap", None):
             out.write(text)
-        if getattr(args, "configmap", None):
-            where = publish(text, doc["nodes"][0]["name"], args.configmap, getattr(args, "kubeconfig", None))
-            print(f"railtrace topology collect: stored in ConfigMap {where}", file=sys.stderr)
     except Exception as exc:  # reported; the next round retries
         print(f"railtrace topology collect: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
