@@ -94,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
     demo.add_argument("--scenario", action="append", help="scenario name (repeatable); default: all")
     demo.add_argument("--shape", default="a3-ultra", help="fleet shape: a3-ultra (default), a4, a4x")
+    demo.add_argument(
+        "--topology-source",
+        choices=("dra", "collected"),
+        default="dra",
+        help="dra: Nodes, ResourceSlices, claims (default); collected: `topology collect` YAML plus Pods",
+    )
     demo.add_argument("--generation", default="current", help="llm-d span names: current, v0.10, v0.9, v0.8")
     demo.add_argument("--db", help="database URL (default: a fresh SQLite file in a temp folder)")
     demo.add_argument("--port", type=int, default=0, help="HTTP port (default: a free port)")

@@ -156,14 +156,17 @@ class Collector:
             }
         return out
 
-    def gpu_product(self, addr: str) -> str | None:
-        """The NVIDIA driver's model line for the GPU, where /proc is part of the recorded root."""
+    def gpu_info(self, addr: str) -> dict[str, str]:
+        """The NVIDIA driver's `Model` and `GPU UUID` lines for the GPU (/proc/driver/nvidia/gpus/<bus>/
+        information), where the driver is loaded and /proc is part of the root; the UUID is what
+        NIXL spans name the local GPU by."""
         text = _read(self.root / "proc" / "driver" / "nvidia" / "gpus" / addr / "information") or ""
+        out = {}
         for line in text.splitlines():
             key, _, value = line.partition(":")
-            if key.strip() == "Model" and value.strip():
-                return value.strip()
-        return None
+            if key.strip() in ("Model", "GPU UUID") and value.strip():
+                out[key.strip()] = value.strip()
+        return out
 
     # -- the document ------------------------------------------------------------------------
     def collect(self, topo_matrix: str | None = None) -> dict[str, Any]:
@@ -189,9 +192,11 @@ class Collector:
                 g["pcieRoot"] = d.root
             if d.numa is not None:
                 g["numa"] = d.numa
-            product = self.gpu_product(addr)
-            if product:
-                g["product"] = product
+            info = self.gpu_info(addr)
+            if info.get("GPU UUID"):
+                g["uuid"] = info["GPU UUID"]
+            if info.get("Model"):
+                g["product"] = info["Model"]
             gpus.append(g)
 
         nics: list[dict[str, Any]] = []

@@ -17,8 +17,8 @@ from railtrace.cli import main
 from railtrace.model import Endpoint, KVFacts, RequestFacts
 from railtrace.topology import load_paths
 from railtrace.topology.collect import nvidia_smi_topo
+from railtrace.topology.sysfs_record import expand, load_record
 from railtrace.verdicts import judge
-from tests.topology.sysfs_record import expand, load_record
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "topology"
 SYSFS = FIX / "sysfs"

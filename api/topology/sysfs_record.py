@@ -1,11 +1,14 @@
-"""Expand a compact sysfs record (tests/fixtures/topology/sysfs/*.yaml) into a directory tree shaped
-like a host's /sys: real device folders under sys/devices, relative symlinks from sys/bus/pci/devices,
-sys/class/infiniband and sys/class/net, `physfn`/`virtfnN` links between VFs and PFs.
+"""Expand a compact sysfs record into a directory tree shaped like a host's /sys: real device folders
+under sys/devices, relative symlinks from sys/bus/pci/devices, sys/class/infiniband and sys/class/net,
+`physfn`/`virtfnN` links between VFs and PFs. `railtrace topology collect --sysfs-root` reads the tree
+as it reads a host, so recorded hosts (tests/fixtures/topology/sysfs/) and simulated fleets (the demo)
+go through the same collector.
 
 Record shape::
 
     node: NAME
-    pci:            # address -> parent path below /sys/devices, ids, NUMA; `vfs` are created beside the PF
+    pci:            # address -> parent path below /sys/devices, ids, NUMA; `vfs` are created beside the PF;
+                    # `nvidia: {Model: …, GPU UUID: …}` writes the NVIDIA driver's /proc information file
       "0000:1a:00.0": {parent: pci0000:15/0000:15:01.0, class: "0x020700", vendor: "0x15b3",
                        device: "0x1021", numa: 0, vfs: ["0000:1a:00.1"], vfDevice: "0x101e"}
     infiniband:     # RDMA device -> PCI function and ports
@@ -64,6 +67,11 @@ def expand(record: dict[str, Any], root: Path) -> Path:
         _write(dev / "device", d["device"])
         _write(dev / "numa_node", d.get("numa", -1))
         _link(root / "sys" / "bus" / "pci" / "devices" / addr, dev)
+        if d.get("nvidia"):  # the NVIDIA driver's /proc/driver/nvidia/gpus/<bus>/information
+            lines = "".join(f"{k}:\t\t {v}\n" for k, v in d["nvidia"].items())
+            info = root / "proc" / "driver" / "nvidia" / "gpus" / addr / "information"
+            info.parent.mkdir(parents=True, exist_ok=True)
+            info.write_text(lines)
     for addr, d in pci.items():
         if d.get("physfn"):
             _link(where[addr] / "physfn", where[d["physfn"]])
