@@ -274,9 +274,11 @@ def _path_and_nic_flags(ctx: _Ctx, transport: str) -> str:
                 continue
             used_rails.add(rail)  # type: ignore[arg-type]
             if expected_rails and rail not in expected_rails:
+                # An SR-IOV function is named with its PF; other NICs are named by the lane already.
+                via = f" via {ln.nic.describe()}" if ln.nic and ln.nic.function else ""
                 cross_evidence.append(
-                    f"{ctx.kv_ref(sc.KV_DEVICES)} lane {ln.raw} ({ln.share:.0%} of bytes) is on rail {rail} "
-                    f"via {ln.nic.describe()}; "  # type: ignore[union-attr]
+                    f"{ctx.kv_ref(sc.KV_DEVICES)} lane {ln.raw} ({ln.share:.0%} of bytes) "
+                    f"is on rail {rail}{via}; "
                     f"{loc.gpu} is on rail {', '.join(sorted(expected_rails))}"
                 )
             elif remote_rail and rail != remote_rail:
