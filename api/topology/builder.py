@@ -437,10 +437,20 @@ class _Derivation:
             numa = _grace_numa(bus)
             if numa is not None:
                 numa_source = f"Grace PCI domain of {bus}"
+        decided = {
+            f: f"ResourceSlice {driver}"
+            for f, v in (("pci_bus_id", bus), ("pcie_root", attrs.get(PCIE_ROOT)))
+            if v is not None
+        }
+        if numa is not None:
+            decided["numa"] = (
+                f"ResourceSlice {driver}" if numa_source == f"{driver}/numa" else str(numa_source)
+            )
         return GPU(
             node=node,
             name=name,
             index=idx,
+            decided_by=decided,
             uuid=attrs.get(f"{driver}/uuid"),
             pci_bus_id=bus,
             pcie_root=attrs.get(PCIE_ROOT),
@@ -566,14 +576,19 @@ class _Derivation:
             self._smi(name, parse_topo_matrix(str(nd_doc["topoMatrix"])), f"{src} topoMatrix")
         for g in nd_doc.get("gpus") or []:
             gname = str(g.get("name") if g.get("name") is not None else f"gpu-{g.get('index')}")
-            old = (
-                self.gpus.get((name, gname))
-                or next(
-                    (x for x in self.gpus.on(name) if g.get("pciBusID") and x.pci_bus_id == g["pciBusID"]),
-                    None,
-                )
-                or GPU(node=name, name=gname)
-            )
+            # The bus id says which GPU this is; a name is only a name (the collector numbers GPUs
+            # in PCI order, a driver may not).
+            bus = g.get("pciBusID")
+            old = next((x for x in self.gpus.on(name) if bus and x.pci_bus_id == bus), None)
+            if old is None:
+                old = self.gpus.get((name, gname))
+                if old is not None and bus and old.pci_bus_id and old.pci_bus_id != bus:
+                    self.warnings.append(
+                        f"{src}: node {name}: {gname} at {bus} is not the known {gname} at "
+                        f"{old.pci_bus_id}; skipped"
+                    )
+                    continue
+            old = old or GPU(node=name, name=gname)
             gname = old.name
             decided = dict(old.decided_by)
             for key, fname in (("pciBusID", "pci_bus_id"), ("pcieRoot", "pcie_root"), ("numa", "numa")):
@@ -581,8 +596,9 @@ class _Derivation:
                     decided[fname] = decider
             self.gpus[(name, gname)] = replace(
                 old,
+                # The collector's index is PCI order; a driver's own numbering is kept over it.
                 index=_int(g.get("index"))
-                if g.get("index") is not None
+                if g.get("index") is not None and not (decider == COLLECT_SOURCE and old.index is not None)
                 else (old.index if old.index is not None else _int(re.sub(r"\D", "", gname))),
                 uuid=g.get("uuid", old.uuid),
                 pci_bus_id=g.get("pciBusID", old.pci_bus_id),

@@ -36,9 +36,11 @@ def render_text(t: Topology) -> str:
             )
         for n in t.nics_on(node.name):
             kind = "rdma" if n.rdma else "net" if n.rdma is False else "?"
+            sriov = f" {n.function}" + (f" of {n.pf or n.pf_pci_address}" if n.function == "VF" else "")
             lines.append(
                 f"  nic {n.label:<12} {kind:<4} dev={n.name} root={n.pcie_root or '-'} "
                 f"numa={n.numa if n.numa is not None else '-'} rail={n.rail or '-'}"
+                + (sriov if n.function else "")
             )
     if t.pods:
         lines.append("pods")

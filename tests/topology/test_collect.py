@@ -100,6 +100,9 @@ def test_collected_yaml_merges_with_sriov_slices_and_judges_lanes(tmp_path: Path
     assert vf.rdma_device == "mlx5_8" and vf.rail == "rail-0"
     assert vf.decided_by["rdma_device"] == "node (railtrace topology collect)"
     assert vf.decided_by["pcie_root"] == "node (railtrace topology collect)"
+    gpu = t.gpu("sriov-node-b", "gpu-0")
+    assert gpu.decided_by["numa"] == "node (railtrace topology collect)"  # the slice has no GPU NUMA
+    assert gpu.numa == 0 and gpu.uuid == "GPU-00000000-h100"  # identity stays the slice's
     alloc = next(a for a in t.allocations if a.claim == "decode-0-net")
     assert alloc.nics == ("0000-1a-00-1",) and alloc.alignment == "aligned"  # allocation: the API's
     assert t.nic("sriov-node-b", "mlx5_8") is None  # merged by PCI address, not duplicated
@@ -269,3 +272,18 @@ def test_collect_publishes_one_key_per_node_into_a_configmap(tmp_path: Path) -> 
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_collected_gpus_join_slice_gpus_by_bus_id_not_name(tmp_path: Path) -> None:
+    """The collector numbers GPUs in PCI order; a GPU driver may name them otherwise."""
+    (tmp_path / "c.yaml").write_text(
+        "apiVersion: railtrace.io/v1alpha1\nkind: Topology\ncollected: {by: railtrace topology collect}\n"
+        "nodes:\n- name: sriov-node-a\n  gpus:\n"
+        "  - {name: gpu-0, index: 0, pciBusID: '0000:2a:00.0', numa: 1}\n"
+        "  - {name: gpu-1, index: 1, pciBusID: '0000:99:00.0', numa: 1}\n"
+    )
+    t = load_paths([FIX / "sriov" / "slices.yaml", tmp_path / "c.yaml"])
+    gpu1 = t.gpu("sriov-node-a", "gpu-1")
+    assert gpu1.numa == 1 and gpu1.index == 1  # the slice's gpu-1 is at 0000:2a:00.0; its index stays
+    assert t.gpu("sriov-node-a", "gpu-0").numa is None
+    assert any("gpu-1 at 0000:99:00.0 is not the known gpu-1" in w for w in t.warnings)

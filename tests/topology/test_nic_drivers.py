@@ -29,6 +29,11 @@ def test_sriov_vfs_are_rdma_nics_paired_by_pcie_root() -> None:
     p = t.pairing("sriov-node-a", "gpu-1")
     assert p.method == "pcieRoot" and set(p.nics) == {"0000-2c-00-1", "0000-2c-00-2"}
     assert "VF 0000:1a:00.1 of PF ibp26s0" in vf.describe()
+    gpu = t.gpu("sriov-node-a", "gpu-0")
+    assert gpu.decided_by == {
+        "pci_bus_id": "ResourceSlice gpu.nvidia.com",
+        "pcie_root": "ResourceSlice gpu.nvidia.com",
+    }
 
 
 def test_sriov_allocation_is_aligned_and_json_has_vf_keys() -> None:
