@@ -943,14 +943,14 @@ class _Derivation:
 
     @staticmethod
     def _rdma_requests(obj: Mapping[str, Any]) -> set[str]:
-        """Requests whose selector demands `dra.net` rdma == true: their devices are RDMA NICs."""
+        """Requests whose selector demands dranet `rdma` or SR-IOV `rdmaCapable` == true: RDMA NICs."""
         out = set()
         for r in ((obj.get("spec") or {}).get("devices") or {}).get("requests") or []:
             alt = r.get("exactly") or r
             text = " ".join(
                 str((x.get("cel") or {}).get("expression", "")) for x in alt.get("selectors") or []
             )
-            if re.search(r"rdma\"?\]?\s*==\s*true", text):
+            if re.search(r"rdma(Capable)?\"?\]?\s*==\s*true", text):
                 out.add(str(r.get("name")))
         return out
 

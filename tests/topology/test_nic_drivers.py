@@ -101,3 +101,35 @@ def test_numa_only_compat_attribute_does_not_make_a_nic(tmp_path: Path) -> None:
     )
     t = load_paths([tmp_path / "cpu.yaml"])
     assert t.nics_on("n1") == [] and not any(g.object.startswith("driver/") for g in t.gaps)
+
+
+def test_sriov_template_matching_pcie_root_is_aligned(tmp_path: Path) -> None:
+    """The SR-IOV driver's resource-alignment shape: a VF and a GPU request matched on pcieRoot."""
+    (tmp_path / "rct.yaml").write_text(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\n"
+        "metadata: {name: gpu-vf, namespace: llm-d}\n"
+        "spec:\n  spec:\n    devices:\n      requests:\n"
+        "      - {name: vf, exactly: {deviceClassName: sriovnetwork.k8snetworkplumbingwg.io}}\n"
+        "      - {name: gpu, exactly: {deviceClassName: gpu.nvidia.com, count: 1}}\n"
+        "      constraints:\n      - {matchAttribute: resource.kubernetes.io/pcieRoot}\n"
+    )
+    t = load_paths([SRIOV / "slices.yaml", tmp_path / "rct.yaml"])
+    check = next(c for c in t.templates if c.name == "gpu-vf")
+    assert {r["name"]: r["kind"] for r in check.requests} == {"vf": "nic", "gpu": "gpu"}
+    assert check.alignment == "aligned"
+
+
+def test_claim_on_an_unlisted_sriov_vf_selected_rdma_capable_is_an_rdma_nic(tmp_path: Path) -> None:
+    (tmp_path / "claim.yaml").write_text(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: c1, namespace: llm-d}\n"
+        "spec:\n  devices:\n    requests:\n    - name: vf\n      exactly:\n"
+        "        deviceClassName: sriovnetwork.k8snetworkplumbingwg.io\n        selectors:\n"
+        '        - cel: {expression: \'device.attributes["sriovnetwork.k8snetworkplumbingwg.io"]'
+        ".rdmaCapable == true'}\n"
+        "status:\n  allocation:\n    devices:\n      results:\n"
+        "      - {request: vf, driver: sriovnetwork.k8snetworkplumbingwg.io, pool: n9,\n"
+        "         device: 0000-3b-00-2}\n"
+    )
+    t = load_paths([tmp_path / "claim.yaml"])
+    nic = t.nic("n9", "0000-3b-00-2")
+    assert nic is not None and nic.rdma is True
