@@ -94,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
     demo.add_argument("--scenario", action="append", help="scenario name (repeatable); default: all")
     demo.add_argument("--shape", default="a3-ultra", help="fleet shape: a3-ultra (default), a4, a4x")
+    demo.add_argument(
+        "--topology-source",
+        choices=("dra", "collected"),
+        default="dra",
+        help="dra: Nodes, ResourceSlices, claims (default); collected: `topology collect` YAML plus Pods",
+    )
     demo.add_argument("--generation", default="current", help="llm-d span names: current, v0.10, v0.9, v0.8")
     demo.add_argument("--db", help="database URL (default: a fresh SQLite file in a temp folder)")
     demo.add_argument("--port", type=int, default=0, help="HTTP port (default: a free port)")
@@ -107,6 +113,32 @@ def build_parser() -> argparse.ArgumentParser:
     show = topo_sub.add_parser("show", help="print the model built from topology inputs")
     show.add_argument("paths", nargs="+", metavar="PATH")
     show.add_argument("--json", action="store_true", help="print the documented JSON shape")
+    collect = topo_sub.add_parser(
+        "collect", help="write this node's topology YAML from sysfs (PCI, RDMA devices, netdevs, GPUs)"
+    )
+    collect.add_argument("--sysfs-root", default="/", metavar="DIR", help="read DIR/sys (default: /)")
+    collect.add_argument("--node", metavar="NAME", help="node name (default: $NODE_NAME, else the hostname)")
+    collect.add_argument("--output", "-o", metavar="FILE", help="write the YAML to FILE (default: stdout)")
+    collect.add_argument(
+        "--configmap",
+        metavar="NAMESPACE/NAME",
+        help="also store the YAML as key <node>.yaml of this ConfigMap (the service reads it as a folder)",
+    )
+    collect.add_argument("--kubeconfig", metavar="FILE", help="for --configmap outside a cluster")
+    collect.add_argument(
+        "--interval",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="collect again every SECONDS (VFs come and go); 0 = once (default)",
+    )
+    smi = collect.add_mutually_exclusive_group()
+    smi.add_argument("--topo-matrix", metavar="FILE", help="embed this recorded `nvidia-smi topo -m` output")
+    smi.add_argument(
+        "--no-nvidia-smi",
+        action="store_true",
+        help="do not run `nvidia-smi topo -m` (it is run only when --sysfs-root is /)",
+    )
 
     ucx = sub.add_parser("ucx-evidence", help="which transport and device UCX used, from its logs")
     ucx.add_argument("paths", nargs="+", metavar="LOG", help="UCX log files ('-' reads stdin)")

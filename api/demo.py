@@ -91,6 +91,7 @@ def demo_command(args: argparse.Namespace) -> int:
             grpc_port=args.grpc_port,
             keep_serving=args.keep_serving,
             as_json=args.json,
+            topology_source=getattr(args, "topology_source", "dra"),
         )
     except OSError as exc:
         print(f"railtrace demo: {exc}", file=sys.stderr)
@@ -117,6 +118,7 @@ def run_demo(
     quiet_period_s: float = 1.0,
     include_requests: bool = False,
     protocol: str = "http",
+    topology_source: str = "dra",
 ) -> dict[str, Any]:
     """Run the whole demo and return the report (also printed unless `print_report` is False)."""
     from railtrace.server.runner import Service
@@ -126,7 +128,12 @@ def run_demo(
     chosen = scen.resolve(scenario_names)
     fleet = build_fleet(shape, chosen, seed)
     topo_dir = workdir / "topology"
-    fleet.write(topo_dir)
+    if topology_source == "collected":  # node collector output plus Pods; no DRA objects
+        from railtrace.simulator.collected import write_collected
+
+        write_collected(fleet, topo_dir)
+    else:
+        fleet.write(topo_dir)
     _say(
         f"railtrace demo: fleet {shape}: {len(fleet.nodes)} nodes, {len(fleet.pods)} pods; "
         f"objects in {topo_dir}"

@@ -43,7 +43,17 @@ PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 
 GPU_DRIVERS = ("gpu.nvidia.com", "gpu.amd.com")
-NIC_DRIVERS = ("dra.net", "mrdma.google.com", "netdev.google.com")
+# SR-IOV DRA driver (k8snetworkplumbingwg/dra-driver-sriov, pkg/consts/consts.go): publishes VFs.
+SRIOV_DRIVER = "sriovnetwork.k8snetworkplumbingwg.io"
+# InfiniBand DRA driver (README "Device Attributes"): one device per IB port, PFs and VFs.
+IB_DRIVER = "ib.sigs.k8s.io"
+NIC_DRIVERS = ("dra.net", "mrdma.google.com", "netdev.google.com", SRIOV_DRIVER, IB_DRIVER)
+# Drivers known to publish no NICs: their devices are not a discovery gap.
+NON_NIC_DRIVERS = ("compute-domain.nvidia.com", "dra.cpu", "dra.memory", "tpu.google.com")
+# dra.net/numaNode alone does not make a NIC: dracpu and the SR-IOV driver publish it for compatibility.
+_DRANET_NIC_KEYS = ("dra.net/ifName", "dra.net/pciAddress", "dra.net/rdma", "dra.net/rdmaDevice")
+LINK_TYPES = {"ib": "infiniband", "infiniband": "infiniband", "eth": "ethernet", "ethernet": "ethernet"}
+COLLECT_SOURCE = "node (railtrace topology collect)"
 
 # Node labels, per hierarchy level, nearest meaning first.
 ZONE_LABELS = ("topology.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/zone")
@@ -94,6 +104,12 @@ def _int(v: Any) -> int | None:
         return int(v)
     except (TypeError, ValueError):
         return None
+
+
+def _numa(v: Any) -> int | None:
+    """A NUMA id; the kernel's -1 means "no affinity" and says nothing."""
+    n = _int(v)
+    return n if n is not None and n >= 0 else None
 
 
 def _meta(obj: Mapping[str, Any]) -> tuple[str, str | None, str]:
@@ -212,6 +228,7 @@ class _Derivation:
         self.compute_domains: list[str] = []
         self.device_classes: dict[str, str] = {}
         self.config_pairs: dict[tuple[str, str], list[str]] = {}
+        self.unknown_devices: dict[tuple[str, str], list[str]] = {}  # (node, driver) -> device names
         self.ignored: dict[str, int] = {}
         self.pod_sources: set[str] = set()
 
@@ -370,13 +387,15 @@ class _Derivation:
                 self.devices[(driver, pool, name)] = ("nic", node_name, name)
             else:
                 self.devices[(driver, pool, name)] = ("other", node_name, name)
+                if driver not in GPU_DRIVERS and driver not in NON_NIC_DRIVERS:
+                    self.unknown_devices.setdefault((node_name, driver), []).append(name)
 
     @staticmethod
     def _classify(driver: str, attrs: Mapping[str, Any]) -> str:
         dtype = attrs.get(f"{driver}/type")
         if driver in GPU_DRIVERS:
             return "gpu" if dtype in (None, "gpu") else "other"  # MIG / vfio / channels are not whole GPUs
-        if driver in NIC_DRIVERS or any(k.startswith("dra.net/") for k in attrs):
+        if driver in NIC_DRIVERS or any(k in attrs for k in _DRANET_NIC_KEYS):
             return "nic"
         return "other"
 
@@ -418,10 +437,20 @@ class _Derivation:
             numa = _grace_numa(bus)
             if numa is not None:
                 numa_source = f"Grace PCI domain of {bus}"
+        decided = {
+            f: f"ResourceSlice {driver}"
+            for f, v in (("pci_bus_id", bus), ("pcie_root", attrs.get(PCIE_ROOT)))
+            if v is not None
+        }
+        if numa is not None:
+            decided["numa"] = (
+                f"ResourceSlice {driver}" if numa_source == f"{driver}/numa" else str(numa_source)
+            )
         return GPU(
             node=node,
             name=name,
             index=idx,
+            decided_by=decided,
             uuid=attrs.get(f"{driver}/uuid"),
             pci_bus_id=bus,
             pcie_root=attrs.get(PCIE_ROOT),
@@ -436,10 +465,15 @@ class _Derivation:
     def _nic_from_attrs(
         self, node: str, name: str, driver: str, pool: str, attrs: Mapping[str, Any], src: str
     ) -> NIC:
+        if driver == SRIOV_DRIVER:
+            return _sriov_nic(node, name, pool, attrs, src)
+        if driver == IB_DRIVER:
+            return _ib_nic(node, name, pool, attrs, src)
         rdma = attrs.get("dra.net/rdma")
         rdma = rdma if isinstance(rdma, bool) else (True if driver == "mrdma.google.com" else None)
         numa = _int(attrs.get("dra.net/numaNode"))
-        return NIC(
+        vf = attrs.get("dra.net/isSriovVf")
+        nic = NIC(
             node=node,
             name=name,
             rdma=rdma,
@@ -455,7 +489,11 @@ class _Derivation:
             driver=driver,
             pool=pool,
             sources=(src,) if src else (),
+            function=("VF" if vf else "PF" if attrs.get("dra.net/sriov") else None)
+            if isinstance(vf, bool)
+            else None,
         )
+        return _with_decided(nic, f"ResourceSlice {driver}")
 
     def _compute_domain(self, obj: dict[str, Any], src: str) -> None:
         name = _meta(obj)[2]
@@ -502,7 +540,12 @@ class _Derivation:
             self.nics[(node, nic.name)] = replace(nic, sources=unique((*nic.sources, src)))
 
     def _doc(self, doc: dict[str, Any], src: str) -> None:
-        """railtrace topology YAML; one bad node or pod entry is reported and costs nothing else."""
+        """railtrace topology YAML; one bad node or pod entry is reported and costs nothing else.
+
+        A document written by `railtrace topology collect` (`collected:` set) is the node's own
+        account of its hardware: its values win over the slices' and are recorded as decided by it.
+        """
+        self._doc_decider = COLLECT_SOURCE if doc.get("collected") else "railtrace topology"
         for nd_doc in doc.get("nodes") or []:
             self._safe(nd_doc, src, self._doc_node)
         for p in doc.get("pods") or []:
@@ -528,13 +571,34 @@ class _Derivation:
                 nd["cfg_" + field_name] = str(nd_doc[key])
         if "rdma" in nd_doc:
             nd["cfg_rdma"] = bool(nd_doc["rdma"])
+        decider = getattr(self, "_doc_decider", "railtrace topology")
+        if nd_doc.get("topoMatrix"):
+            self._smi(name, parse_topo_matrix(str(nd_doc["topoMatrix"])), f"{src} topoMatrix")
         for g in nd_doc.get("gpus") or []:
             gname = str(g.get("name") if g.get("name") is not None else f"gpu-{g.get('index')}")
-            old = self.gpus.get((name, gname)) or GPU(node=name, name=gname)
+            # The bus id says which GPU this is; a name is only a name (the collector numbers GPUs
+            # in PCI order, a driver may not).
+            bus = g.get("pciBusID")
+            old = next((x for x in self.gpus.on(name) if bus and x.pci_bus_id == bus), None)
+            if old is None:
+                old = self.gpus.get((name, gname))
+                if old is not None and bus and old.pci_bus_id and old.pci_bus_id != bus:
+                    self.warnings.append(
+                        f"{src}: node {name}: {gname} at {bus} is not the known {gname} at "
+                        f"{old.pci_bus_id}; skipped"
+                    )
+                    continue
+            old = old or GPU(node=name, name=gname)
+            gname = old.name
+            decided = dict(old.decided_by)
+            for key, fname in (("pciBusID", "pci_bus_id"), ("pcieRoot", "pcie_root"), ("numa", "numa")):
+                if g.get(key) is not None:
+                    decided[fname] = decider
             self.gpus[(name, gname)] = replace(
                 old,
+                # The collector's index is PCI order; a driver's own numbering is kept over it.
                 index=_int(g.get("index"))
-                if g.get("index") is not None
+                if g.get("index") is not None and not (decider == COLLECT_SOURCE and old.index is not None)
                 else (old.index if old.index is not None else _int(re.sub(r"\D", "", gname))),
                 uuid=g.get("uuid", old.uuid),
                 pci_bus_id=g.get("pciBusID", old.pci_bus_id),
@@ -543,17 +607,37 @@ class _Derivation:
                 numa_source="railtrace topology" if g.get("numa") is not None else old.numa_source,
                 product=g.get("product", old.product),
                 sources=unique((*old.sources, src)),
+                decided_by=decided,
             )
         for c in nd_doc.get("nics") or []:
             cname = str(c.get("name", ""))
             if not cname:
                 self.warnings.append(f"{src}: node {name}: NIC without name skipped")
                 return
+            refs = {cname} | {str(c[k]) for k in ("pciAddress", "rdmaDevice", "ifName") if c.get(k)}
             old = (
                 self.nics.get((name, cname))
                 or next((n for n in self.nics.on(name) if cname in n.aliases()), None)
+                or next((n for n in self.nics.on(name) if refs & n.aliases()), None)
                 or NIC(node=name, name=cname)
             )
+            decided = dict(old.decided_by)
+            for key, fname in (
+                ("rdma", "rdma"),
+                ("rdmaDevice", "rdma_device"),
+                ("ifName", "if_name"),
+                ("pciAddress", "pci_address"),
+                ("pcieRoot", "pcie_root"),
+                ("numa", "numa"),
+                ("linkType", "link_type"),
+                ("function", "function"),
+                ("pf", "pf"),
+                ("pfPciAddress", "pf_pci_address"),
+                ("rate", "rate"),
+                ("rail", "rail"),
+            ):
+                if c.get(key) is not None:
+                    decided[fname] = decider
             self.nics[(name, old.name)] = replace(
                 old,
                 rdma=bool(c["rdma"]) if "rdma" in c else (old.rdma if old.rdma is not None else True),
@@ -569,6 +653,12 @@ class _Derivation:
                 rail_source="railtrace topology" if c.get("rail") is not None else old.rail_source,
                 network=c.get("network", old.network),
                 sources=unique((*old.sources, src)),
+                link_type=LINK_TYPES.get(str(c["linkType"]).lower()) if c.get("linkType") else old.link_type,
+                function=str(c["function"]).upper() if c.get("function") else old.function,
+                pf=c.get("pf", old.pf),
+                pf_pci_address=c.get("pfPciAddress", old.pf_pci_address),
+                rate=c.get("rate", old.rate),
+                decided_by=decided,
             )
             if c.get("gpu") is not None:
                 gref = str(c["gpu"])
@@ -714,7 +804,29 @@ class _Derivation:
             )
 
     def _rails(self) -> None:
-        """Rail per NIC: configuration, else the NIC's network attachment, else a GPU-named NIC."""
+        """Rail per NIC: configuration, else the NIC's network attachment, else a GPU-named NIC; a VF
+        without one of its own is on its PF's rail (a VF leaves the host through its PF's port)."""
+        self._rails_own()
+        for key, nic in list(self.nics.items()):
+            if nic.rail or nic.function != "VF":
+                continue
+            pf = next(
+                (
+                    n
+                    for n in self.nics.on(key[0])
+                    if n.rail
+                    and n is not nic
+                    and (
+                        (nic.pf_pci_address and n.pci_address == nic.pf_pci_address)
+                        or (nic.pf and nic.pf in (n.if_name, n.rdma_device, n.name))
+                    )
+                ),
+                None,
+            )
+            if pf is not None:
+                self.nics[key] = replace(nic, rail=pf.rail, rail_source=f"PF {pf.label} ({pf.rail_source})")
+
+    def _rails_own(self) -> None:
         for key, nic in list(self.nics.items()):
             if nic.rail:
                 continue
@@ -831,14 +943,14 @@ class _Derivation:
 
     @staticmethod
     def _rdma_requests(obj: Mapping[str, Any]) -> set[str]:
-        """Requests whose selector demands `dra.net` rdma == true: their devices are RDMA NICs."""
+        """Requests whose selector demands dranet `rdma` or SR-IOV `rdmaCapable` == true: RDMA NICs."""
         out = set()
         for r in ((obj.get("spec") or {}).get("devices") or {}).get("requests") or []:
             alt = r.get("exactly") or r
             text = " ".join(
                 str((x.get("cel") or {}).get("expression", "")) for x in alt.get("selectors") or []
             )
-            if re.search(r"rdma\"?\]?\s*==\s*true", text):
+            if re.search(r"rdma(Capable)?\"?\]?\s*==\s*true", text):
                 out.add(str(r.get("name")))
         return out
 
@@ -1015,6 +1127,16 @@ class _Derivation:
             note = f"values redacted: {', '.join(sorted(red))}" if red else ""
             if missing and (self.gpus_on(node.name) or self.nics_on(node.name)):
                 gaps.append(DiscoveryGap(f"node/{node.name}", tuple(missing), note))
+        for (node, driver), names in sorted(self.unknown_devices.items()):
+            shown = ", ".join(names[:4]) + ("…" if len(names) > 4 else "")
+            gaps.append(
+                DiscoveryGap(
+                    f"driver/{node}/{driver}",
+                    ("driver",),
+                    f"{len(names)} device(s) of driver {driver} not read ({shown}): railtrace does not "
+                    "know this driver's attributes, so it cannot tell GPU, NIC or neither",
+                )
+            )
         for (node, name), g in self.gpus.items():
             missing = [k for k, v in (("pcieRoot", g.pcie_root), ("numa", g.numa)) if v is None]
             if g.pcie_root is None and g.numa is None:
@@ -1052,3 +1174,78 @@ def _describe_nic(n: NIC, method: str) -> str:
     if method == PAIR_PCIE_ROOT:
         return f"{n.label} ({n.name}, pcieRoot {n.pcie_root})"
     return n.label
+
+
+_DECIDED_FIELDS = (
+    "rdma",
+    "rdma_device",
+    "if_name",
+    "pci_address",
+    "pcie_root",
+    "numa",
+    "link_type",
+    "function",
+    "pf",
+    "pf_pci_address",
+    "rate",
+)
+
+
+def _with_decided(nic: NIC, source: str, fields: tuple[str, ...] = _DECIDED_FIELDS) -> NIC:
+    """Record `source` as the decider of every listed field the NIC has a value for (and no decider yet)."""
+    decided = dict(nic.decided_by)
+    for f in fields:
+        if getattr(nic, f) is not None and f not in decided:
+            decided[f] = source
+    return replace(nic, decided_by=decided)
+
+
+def _sriov_nic(node: str, name: str, pool: str, attrs: Mapping[str, Any], src: str) -> NIC:
+    """A VF of the SR-IOV DRA driver: RDMA capability, link type and its PF are published; the RDMA
+    device name (mlx5_N) is not, so UCX lanes meet it through the PCI address (node collector)."""
+    d = SRIOV_DRIVER
+    rdma = attrs.get(f"{d}/rdmaCapable")
+    link = LINK_TYPES.get(str(attrs.get(f"{d}/linkType") or "").lower())
+    numa = _numa(attrs.get("dra.net/numaNode"))
+    nic = NIC(
+        node=node,
+        name=name,
+        rdma=rdma if isinstance(rdma, bool) else None,
+        if_name=attrs.get(f"{d}/interfaceName"),
+        pci_address=attrs.get(f"{d}/pciAddress") or attrs.get(PCI_BUS_ID),
+        pcie_root=attrs.get(PCIE_ROOT) or None,
+        numa=numa,
+        numa_source="dra.net/numaNode" if numa is not None else None,
+        driver=d,
+        pool=pool,
+        sources=(src,) if src else (),
+        link_type=link,
+        function="VF",
+        pf=attrs.get(f"{d}/PFName"),
+        pf_pci_address=attrs.get(f"{d}/pfPciAddress"),
+    )
+    return _with_decided(nic, f"ResourceSlice {d}")
+
+
+def _ib_nic(node: str, name: str, pool: str, attrs: Mapping[str, Any], src: str) -> NIC:
+    """One port of the InfiniBand DRA driver: every device is an IB verbs device, so RDMA."""
+    d = IB_DRIVER
+    numa = _numa(attrs.get(f"{d}/numaNode"))
+    kind = str(attrs.get(f"{d}/type") or "").upper()
+    nic = NIC(
+        node=node,
+        name=name,
+        rdma=True,
+        pci_address=attrs.get(f"{d}/pciAddress") or attrs.get(PCI_BUS_ID),
+        pcie_root=attrs.get(PCIE_ROOT) or None,
+        numa=numa,
+        numa_source=f"{d}/numaNode" if numa is not None else None,
+        driver=d,
+        pool=pool,
+        sources=(src,) if src else (),
+        link_type="infiniband",
+        function=kind if kind in ("PF", "VF") else None,
+        pf=attrs.get(f"{d}/parentDevice"),
+        rate=attrs.get(f"{d}/linkSpeed"),
+    )
+    return _with_decided(nic, f"ResourceSlice {d}")

@@ -1,4 +1,5 @@
-"""`railtrace topology show PATH… [--json]`: the model built from those inputs, for humans or tools."""
+"""`railtrace topology show PATH… [--json]`: the model built from those inputs, for humans or tools;
+`railtrace topology collect`: a node's own hardware as railtrace topology YAML."""
 
 from __future__ import annotations
 
@@ -35,9 +36,11 @@ def render_text(t: Topology) -> str:
             )
         for n in t.nics_on(node.name):
             kind = "rdma" if n.rdma else "net" if n.rdma is False else "?"
+            sriov = f" {n.function}" + (f" of {n.pf or n.pf_pci_address}" if n.function == "VF" else "")
             lines.append(
                 f"  nic {n.label:<12} {kind:<4} dev={n.name} root={n.pcie_root or '-'} "
                 f"numa={n.numa if n.numa is not None else '-'} rail={n.rail or '-'}"
+                + (sriov if n.function else "")
             )
     if t.pods:
         lines.append("pods")
@@ -56,7 +59,73 @@ def render_text(t: Topology) -> str:
     return "\n".join(lines)
 
 
+def collect_command(args: Any, out: TextIO | None = None) -> int:
+    """`railtrace topology collect`: this node's hardware as railtrace topology YAML.
+
+    With `--interval` it runs until stopped (the DaemonSet's mode); a failed round is reported
+    and retried at the next one, so a brief API outage costs nothing but freshness.
+    """
+    import os
+    import time
+
+    out = out or sys.stdout
+    root = args.sysfs_root or "/"
+    if not os.path.isdir(os.path.join(root, "sys")):
+        print(f"railtrace topology collect: {root}: no sys/ folder to read", file=sys.stderr)
+        return 2
+    matrix = None
+    if args.topo_matrix:
+        try:
+            with open(args.topo_matrix, encoding="utf-8") as f:
+                matrix = f.read()
+        except OSError as exc:
+            print(f"railtrace topology collect: {args.topo_matrix}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+    interval = float(getattr(args, "interval", 0) or 0)
+    while True:
+        rc = _collect_once(args, root, matrix, out)
+        if interval <= 0:
+            return rc
+        time.sleep(interval)
+
+
+def _collect_once(args: Any, root: str, matrix: str | None, out: TextIO) -> int:
+    import os
+
+    import yaml
+
+    from railtrace.topology.collect import collect, publish
+
+    doc = collect(
+        root,
+        node=args.node,
+        topo_matrix=matrix,
+        run_nvidia_smi=not args.no_nvidia_smi and os.path.realpath(root) == "/",
+    )
+    text = yaml.safe_dump(doc, sort_keys=False, width=110)
+    for warning in doc["collected"].get("warnings", []):
+        print(f"railtrace topology collect: warning: {warning}", file=sys.stderr)
+    try:
+        # Publish first: the output file's age then tells a probe when a round last fully succeeded.
+        if getattr(args, "configmap", None):
+            where = publish(text, doc["nodes"][0]["name"], args.configmap, getattr(args, "kubeconfig", None))
+            print(f"railtrace topology collect: stored in ConfigMap {where}", file=sys.stderr)
+        if args.output:
+            tmp = f"{args.output}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, args.output)  # a reader never sees half a file
+        elif not getattr(args, "configmap", None):
+            out.write(text)
+    except Exception as exc:  # reported; the next round retries
+        print(f"railtrace topology collect: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def topology_command(args: Any, out: TextIO | None = None) -> int:
+    if getattr(args, "topology_command", None) == "collect":
+        return collect_command(args, out)
     out = out or sys.stdout
     try:
         topology = load_paths(list(args.paths))

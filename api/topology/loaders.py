@@ -47,7 +47,9 @@ def _expand(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[Path, bool]]:
         p = Path(raw)
         if p.is_dir():
             for f in sorted(p.rglob("*")):
-                if f.is_file() and f.suffix.lower() not in _SKIP_SUFFIXES and not f.name.startswith("."):
+                # Dot-folders too: a mounted ConfigMap keeps each key twice, in `..<timestamp>/`.
+                hidden = any(part.startswith(".") for part in f.relative_to(p).parts)
+                if f.is_file() and f.suffix.lower() not in _SKIP_SUFFIXES and not hidden:
                     out.append((f, False))
         elif p.is_file():
             out.append((p, True))

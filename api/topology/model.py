@@ -41,6 +41,7 @@ class GPU:
     pool: str | None = None
     nvlink_domain: str | None = None  # gpuMemoryFabricId / clique when published per device
     sources: tuple[str, ...] = ()
+    decided_by: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)  # field -> source
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,12 @@ class NIC:
     driver: str | None = None
     pool: str | None = None
     sources: tuple[str, ...] = ()
+    link_type: str | None = None  # infiniband | ethernet (the port's link layer)
+    function: str | None = None  # PF | VF when the NIC is an SR-IOV function
+    pf: str | None = None  # the VF's physical function: interface or RDMA device name
+    pf_pci_address: str | None = None
+    rate: str | None = None  # port rate as the kernel reports it: "400 Gb/sec (4X NDR)"
+    decided_by: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)  # field -> source
 
     @property
     def label(self) -> str:
@@ -70,6 +77,15 @@ class NIC:
 
     def aliases(self) -> set[str]:
         return {a for a in (self.name, self.rdma_device, self.if_name, self.pci_address) if a}
+
+    def describe(self) -> str:
+        """Label plus what an operator needs to find it: `mlx5_5 (VF 0000:3b:00.2 of PF ibp59s0)`."""
+        if self.function == "VF":
+            pf = self.pf or self.pf_pci_address
+            return f"{self.label} (VF {self.pci_address or self.name}{f' of PF {pf}' if pf else ''})"
+        if self.function == "PF":
+            return f"{self.label} (PF {self.pci_address or self.name})"
+        return self.label
 
 
 @dataclass(frozen=True, slots=True)

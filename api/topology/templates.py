@@ -24,7 +24,7 @@ from railtrace.topology.model import (
 
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 _GPU_CLASSES = re.compile(r"(^|\.)(gpu|mig)\.", re.IGNORECASE)
-_NIC_CLASSES = re.compile(r"(dranet|dra\.net|mrdma|netdev|efa|multinic|rdma|nic)", re.IGNORECASE)
+_NIC_CLASSES = re.compile(r"(dranet|dra\.net|mrdma|netdev|efa|multinic|rdma|nic|sriov|^ib\.)", re.IGNORECASE)
 _BUS_EQ = re.compile(r'pciBusID"?\]?\s*==\s*["\']([0-9a-fA-F:.]+)["\']')
 _BUS_IN = re.compile(r"pciBusID\"?\]?\s+in\s+\[([^\]]*)\]")
 _RDMA_DEV = re.compile(r'rdmaDevice"?\]?\s*==\s*["\']([^"\']+)["\']')

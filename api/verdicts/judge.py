@@ -172,10 +172,32 @@ def _transport(ctx: _Ctx) -> str:
 
 
 def _used_nics(ctx: _Ctx) -> None:
+    """The NIC behind each RDMA lane: by RDMA device name (dranet, node collector, topo matrix), else,
+    when every RDMA lane names one device, the only RDMA NIC allocated to the local pod if that NIC's
+    own device name is unknown: a pod sees the RDMA devices of its allocated NICs only (SR-IOV VFs,
+    whose slices carry no mlx5_N name)."""
     node = ctx.local.node
-    for ln in ctx.lanes:
-        if ln.transport == TRANSPORT.RDMA:
-            ln.nic = ctx.topology.find_nic(node, ln.device)
+    rdma = [ln for ln in ctx.lanes if ln.transport == TRANSPORT.RDMA]
+    for ln in rdma:
+        ln.nic = ctx.topology.find_nic(node, ln.device)
+    missing = [ln for ln in rdma if ln.nic is None]
+    if not missing or len({ln.device for ln in rdma}) != 1 or not ctx.local.pod:
+        return
+    held: list[NIC] = []
+    for pod in ctx.topology.pods_named(ctx.local.pod)[:1]:
+        for alloc in ctx.topology.allocations_of(pod):
+            for name in alloc.nics:
+                nic = ctx.topology.nic(alloc.node or node, name)
+                if nic is not None and nic.rdma is not False and nic not in held:
+                    held.append(nic)
+    # A held NIC whose RDMA device name is known and differs is not the lane's device: not mapped.
+    if len(held) == 1 and held[0].rdma_device is None:
+        for ln in missing:
+            ln.nic = held[0]
+        ctx.notes.append(
+            f"lane device {missing[0].device} is {held[0].describe()}: the only RDMA NIC allocated "
+            f"to pod {ctx.local.pod}"
+        )
 
 
 def _gpu_rail(ctx: _Ctx, ep: Endpoint) -> tuple[set[str], list[str]]:
@@ -204,9 +226,10 @@ def _path_and_nic_flags(ctx: _Ctx, transport: str) -> str:
             if dominant.nic not in paired:
                 ctx.flag(
                     FlagName.GPU_NIC_MISMATCH,
-                    f"{ctx.kv_ref(sc.KV_DEVICES)}={dominant.raw} (devices UCX used): {dominant.nic.label} "  # type: ignore[union-attr]
+                    f"{ctx.kv_ref(sc.KV_DEVICES)}={dominant.raw} (devices UCX used): "
+                    f"{dominant.nic.describe()} "  # type: ignore[union-attr]
                     f"is not paired with {loc.gpu} on {loc.node}; its NICs by {p.method}: "
-                    + ", ".join(n.label for n in paired),
+                    + ", ".join(n.describe() for n in paired),
                     sid,
                 )
         elif unresolved:
@@ -251,8 +274,11 @@ def _path_and_nic_flags(ctx: _Ctx, transport: str) -> str:
                 continue
             used_rails.add(rail)  # type: ignore[arg-type]
             if expected_rails and rail not in expected_rails:
+                # An SR-IOV function is named with its PF; other NICs are named by the lane already.
+                via = f" via {ln.nic.describe()}" if ln.nic and ln.nic.function else ""
                 cross_evidence.append(
-                    f"{ctx.kv_ref(sc.KV_DEVICES)} lane {ln.raw} ({ln.share:.0%} of bytes) is on rail {rail}; "
+                    f"{ctx.kv_ref(sc.KV_DEVICES)} lane {ln.raw} ({ln.share:.0%} of bytes) "
+                    f"is on rail {rail}{via}; "
                     f"{loc.gpu} is on rail {', '.join(sorted(expected_rails))}"
                 )
             elif remote_rail and rail != remote_rail:

@@ -217,9 +217,42 @@ def test_topology_rbac_is_read_only_and_covers_what_the_source_watches() -> None
     account = _railtrace(docs)["spec"]["template"]["spec"]["serviceAccountName"]
     assert {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE} in binding["subjects"]
     for doc in docs:
-        if doc["kind"] in ("ClusterRole", "Role"):
+        if doc["kind"] in ("ClusterRole", "Role") and doc["metadata"]["name"] != COLLECTOR:
             for rule in doc["rules"]:
                 assert set(rule["verbs"]) <= {"get", "list", "watch"}, doc["metadata"]["name"]
+
+
+COLLECTOR = "railtrace-topology-collector"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_node_collector_writes_only_its_configmap_and_reads_sys_read_only(overlay: str) -> None:
+    docs = render(f"overlays/{overlay}")
+    role = one(docs, "Role", COLLECTOR)
+    assert role["metadata"]["namespace"] == NAMESPACE
+    for rule in role["rules"]:
+        assert rule["apiGroups"] == [""] and rule["resources"] == ["configmaps"]
+        if set(rule["verbs"]) != {"create"}:  # create cannot name its object
+            assert rule["resourceNames"] == ["railtrace-collected-topology"]
+            assert set(rule["verbs"]) <= {"get", "patch"}
+    daemonset = one(docs, "DaemonSet", COLLECTOR)
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == COLLECTOR
+    args = _container(daemonset)["args"]
+    assert args[:2] == ["topology", "collect"]
+    assert args[args.index("--configmap") + 1] == "$(POD_NAMESPACE)/railtrace-collected-topology"
+    sys_mount = next(m for m in _container(daemonset)["volumeMounts"] if m["name"] == "sys")
+    assert (
+        sys_mount["readOnly"] is True
+        and args[args.index("--sysfs-root") + 1] + "/sys" == sys_mount["mountPath"]
+    )
+    railtrace = _railtrace(docs)
+    served = _container(railtrace, "railtrace")
+    assert served["args"][-2:] == ["--topology", "/etc/railtrace/collected"]
+    volume = next(
+        v for v in railtrace["spec"]["template"]["spec"]["volumes"] if v["name"] == "collected-topology"
+    )
+    assert volume["configMap"] == {"name": "railtrace-collected-topology", "optional": True}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
