@@ -35,6 +35,18 @@ class Settings(BaseSettings):
         " not in a worker thread (0: always a worker thread).",
     )
     retry_after_s: int = 1
+    write_retry_max_s: float = Field(
+        5.0,
+        gt=0,
+        description="While database writes fail, the writer retries the database itself, backing off"
+        " from 0.1 s up to this; exports are refused (503) until a write commits.",
+    )
+    write_failure_restart_s: float = Field(
+        300.0,
+        ge=0,
+        description="Database writes failing for this long make the liveness probe (/healthz) answer 503,"
+        " so the orchestrator restarts the process; 0: never.",
+    )
 
     # Assembly.
     quiet_period_s: float = Field(2.0, description="A request is assembled this long after its last span.")

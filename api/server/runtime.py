@@ -42,6 +42,7 @@ class Runtime:
             max_pending_spans=settings.max_pending_spans,
             on_commit=self._committed,
             on_depth=self.metrics[semconv.M_INGEST_QUEUE].set,
+            retry_max_s=settings.write_retry_max_s,
         )
         self.topology_holder: Any = None
         self.topology_error: str | None = None
@@ -53,6 +54,21 @@ class Runtime:
         self.assembly_error: str | None = None
         self._contract_cache: Any = None
         self.started = False
+
+    def liveness_problems(self) -> list[str]:
+        """Why the process should be restarted: the writer thread is gone, or database writes
+        have failed for longer than `write_failure_restart_s` (a restart may fix what retrying
+        did not: a wedged driver, a stale DNS answer, a connection pool in a bad state)."""
+        if not self.started:
+            return []
+        problems = []
+        if not self.writer.alive:
+            problems.append("writer: not running")
+        limit = self.settings.write_failure_restart_s
+        failing = self.writer.failing_for
+        if limit and self.writer.refusing and failing > limit:
+            problems.append(f"writer: database writes failing for {failing:.0f}s (limit {limit:g}s)")
+        return problems
 
     def _committed(self, result: InsertResult) -> None:
         if result.duplicates:

@@ -705,6 +705,23 @@ class Store:
         with self._read() as conn:
             conn.execute(text("SELECT 1"))
 
+    def probe_write(self) -> None:
+        """Commit one small write, made durable as span commits are; raises if the database
+        cannot take it (unreachable, disk full). The span writer calls this while it refuses
+        exports, to learn when writes work again.
+
+        SQLite: the header's `user_version` (which nothing else uses) is set, a real page
+        write through the WAL; PostgreSQL: a transaction id is assigned, so its commit
+        writes and flushes a commit record. Neither touches the schema's tables."""
+        with self._turn(), self.engine.connect() as conn:
+            if self.sqlite:
+                conn.exec_driver_sql(f"PRAGMA user_version = {time.time_ns() // 1_000_000 % 2**31}")
+            else:
+                conn.exec_driver_sql("SELECT txid_current()")
+            conn.commit()
+        if self._wal is not None:
+            self._wal.sync()
+
 
 # The tables assembly reads by lists of ids, and the columns it looks them up by (ANALYZE takes
 # no parameters: the names are the schema's own). Only those columns: statistics of the span
