@@ -27,6 +27,12 @@ class Settings(BaseSettings):
 
     # Ingest.
     max_body_bytes: int = Field(16 * 1024 * 1024, description="Limit before and after decompression.")
+    max_drain_bytes: int = Field(
+        64 * 1024 * 1024,
+        description="A body over max_body_bytes is read and discarded up to this many bytes before the"
+        " 413 is sent, so ordinary clients read the 413 instead of a reset connection; beyond it the"
+        " 413 is sent at once and the connection closed.",
+    )
     max_pending_spans: int = Field(200_000, description="Accepted-but-uncommitted spans before 429/503.")
     write_batch_spans: int = 4096
     parse_inline_max_bytes: int = Field(

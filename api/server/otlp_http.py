@@ -95,6 +95,12 @@ def _status(
     return Response(body, status_code=http, media_type=media, headers=headers)
 
 
+def _too_large_and_close(limit: int, as_json: bool) -> Response:
+    """413 for a body too big even to read and discard: the connection is closed after it."""
+    message = f"body exceeds {limit} bytes"
+    return _status(413, code_pb2.RESOURCE_EXHAUSTED, message, as_json, {"connection": "close"})
+
+
 @router.post(
     "/v1/traces",
     summary="OTLP/HTTP trace export (protobuf or JSON, optional gzip)",
@@ -116,28 +122,44 @@ async def export_traces(request: Request, rt: RuntimeDep) -> Response:
     limit = rt.settings.max_body_bytes
     too_large = _status(413, code_pb2.RESOURCE_EXHAUSTED, f"body exceeds {limit} bytes", as_json)
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    # An oversized body is read and thrown away (up to `max_drain_bytes`) before the 413 is
+    # sent: answered and closed while the client is still sending, the client's next write
+    # meets a reset and it reports that instead of the 413 (requests, httpx, the exporters).
+    over = declared.isdigit() and int(declared) > limit
+    if over and int(declared) > rt.settings.max_drain_bytes:
         metrics.export_done("http", "too_large")
-        return too_large
+        return _too_large_and_close(limit, as_json)
     retry = {"Retry-After": str(rt.settings.retry_after_s)}
-    if rt.writer.pending >= rt.settings.max_pending_spans:  # shed load before decoding
+    if not over and rt.writer.pending >= rt.settings.max_pending_spans:  # shed load before decoding
         metrics.throttled("http")
         return _status(429, code_pb2.RESOURCE_EXHAUSTED, "ingest is behind; retry later", as_json, retry)
     body = bytearray()
+    received = 0
     try:
         async with asyncio.timeout(rt.settings.body_timeout_s):  # a trickling client is cut off
             async for chunk in request.stream():
+                received += len(chunk)
+                if over:
+                    if received > rt.settings.max_drain_bytes:
+                        break
+                    continue
                 body += chunk
                 if len(body) > limit:
-                    metrics.export_done("http", "too_large")
-                    return too_large
+                    over = True
+                    body = bytearray()
     except TimeoutError:
+        if over:
+            metrics.export_done("http", "too_large")
+            return _too_large_and_close(limit, as_json)
         metrics.export_done("http", "timeout")
         message = f"body not received within {rt.settings.body_timeout_s}s"
         return _status(408, code_pb2.DEADLINE_EXCEEDED, message, as_json, {"connection": "close"})
     except ClientDisconnect:
         metrics.export_done("http", "disconnected")
         return _status(400, code_pb2.CANCELLED, "client went away before sending its body", as_json)
+    if over:
+        metrics.export_done("http", "too_large")
+        return _too_large_and_close(limit, as_json) if received > rt.settings.max_drain_bytes else too_large
     try:
         raw = bytes(body)
         # Only the rows stay while the export waits for its commit: the body, read and
