@@ -35,6 +35,12 @@ class Settings(BaseSettings):
     )
     max_pending_spans: int = Field(200_000, description="Accepted-but-uncommitted spans before 429/503.")
     write_batch_spans: int = 4096
+    max_spans_per_trace: int = Field(
+        10_000,
+        ge=0,
+        description="Spans one trace id may hold; an export call's spans of a trace that would take it"
+        " past this are dropped and answered as partial success (0: no cap).",
+    )
     parse_inline_max_bytes: int = Field(
         1024 * 1024,
         description="Protobuf exports up to this size (after decompression) are parsed on the event loop,"

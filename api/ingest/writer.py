@@ -60,6 +60,17 @@ def prepare(
 FAILURES_BEFORE_REFUSING = 3
 
 
+def partial_success(batch: RowBatch, result: InsertResult | None, cap: int) -> tuple[int, str]:
+    """`partial_success` of an export: spans rejected as invalid plus spans dropped by the
+    per-trace cap, and a message naming both reasons."""
+    dropped = result.dropped if result is not None else 0
+    message = batch.error_message
+    if dropped:
+        why = f"{dropped} spans dropped: their trace already holds the most spans one trace may ({cap})"
+        message = f"{message}; {why}" if message else why
+    return batch.rejected + dropped, message
+
+
 class BulkWriter:
     """Single writer thread with bounded pending spans.
 
@@ -283,10 +294,13 @@ class BulkWriter:
             self._finish(items, result, None)
         else:
             total = sum(len(b) for b, _ in items) or 1
-            for b, done in items:
+            by_batch = result.dropped_by_batch or [0] * len(items)
+            for (b, done), dropped in zip(items, by_batch, strict=True):
+                kept = len(b) - dropped
                 share = InsertResult(
-                    inserted=round(result.inserted * len(b) / total),
-                    duplicates=round(result.duplicates * len(b) / total),
+                    inserted=round(result.inserted * kept / total),
+                    duplicates=round(result.duplicates * kept / total),
+                    dropped=dropped,
                 )
                 self._finish([(b, done)], share, None)
 

@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from railtrace.ingest import Overloaded, WriterUnavailable, prepare
+from railtrace.ingest.writer import partial_success
 from railtrace.otlp import PayloadError
 from railtrace.server.deps import RuntimeDep
 from railtrace.server.security import ContentFilter
@@ -193,10 +194,11 @@ async def export_traces(request: Request, rt: RuntimeDep) -> Response:
         metrics.throttled("http")
         return _status(503, code_pb2.UNAVAILABLE, str(exc), as_json, retry)
     response = ExportTraceServiceResponse()
-    if batch.rejected:
-        response.partial_success.rejected_spans = batch.rejected
-        response.partial_success.error_message = batch.error_message
+    rejected, message = partial_success(batch, result, rt.settings.max_spans_per_trace)
+    if rejected:
+        response.partial_success.rejected_spans = rejected
+        response.partial_success.error_message = message
     committed = result.inserted if result else 0
-    metrics.export_done("http", "partial" if batch.rejected else "ok", committed, batch.rejected)
+    metrics.export_done("http", "partial" if rejected else "ok", committed, batch.rejected)
     body_out, out_media = _encode(response, as_json)
     return Response(body_out, status_code=200, media_type=out_media)

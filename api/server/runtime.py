@@ -35,7 +35,7 @@ class Runtime:
         self.metrics = Metrics()
         self.content_filter = content_filter(settings.drop_attributes)
         self.engine = make_engine(settings.db)
-        self.store = Store(self.engine)
+        self.store = Store(self.engine, max_spans_per_trace=settings.max_spans_per_trace)
         self.writer = BulkWriter(
             self.store,
             batch_spans=settings.write_batch_spans,
@@ -73,6 +73,9 @@ class Runtime:
     def _committed(self, result: InsertResult) -> None:
         if result.duplicates:
             self.metrics[semconv.M_DUPLICATE_SPANS].inc(result.duplicates)
+        if result.dropped:
+            self.metrics[semconv.M_TRACE_SPAN_LIMIT_DROPPED].inc(result.dropped)
+            self.metrics[semconv.M_SPANS_REJECTED].labels(semconv.REJECT_TRACE_SPAN_LIMIT).inc(result.dropped)
 
     def _load_topology(self) -> None:
         try:
