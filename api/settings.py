@@ -99,7 +99,28 @@ class Settings(BaseSettings):
     tls_cert: str | None = Field(None, description="PEM certificate (chain) for TLS on HTTP and gRPC.")
     tls_key: str | None = Field(None, description="PEM private key of tls_cert.")
     cors_origins: list[str] = Field(default_factory=list, description="CORS allow-list; empty: CORS off.")
-    max_connections: int = Field(1000, description="Open HTTP connections before new ones get 503.")
+    max_connections: int = Field(
+        1000,
+        description="Open HTTP connections. At the limit a new connection closes the one that has waited"
+        " longest for a request head (idle or slow); only if every one has a request in progress is the"
+        " new one answered 503.",
+    )
+    max_request_line_bytes: int = Field(8192, description="Longest request URL (HTTP 414 beyond it).")
+    max_headers: int = Field(100, description="Most headers in a request (HTTP 431 beyond it).")
+    max_head_bytes: int = Field(
+        64 * 1024,
+        description="Most bytes of a request head, request line and headers (HTTP 431 beyond it); also"
+        " gRPC's limit on a call's metadata.",
+    )
+    head_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A request head must be complete this long after its first byte, else the"
+        " connection is closed; also the gRPC connection handshake's deadline.",
+    )
+    idle_timeout_s: float = Field(
+        30.0, gt=0, description="An HTTP or gRPC connection with no request in progress is closed after this."
+    )
     body_timeout_s: float = Field(30.0, description="An export's body must arrive within this, else 408.")
 
     # Privacy.

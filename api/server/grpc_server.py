@@ -87,7 +87,15 @@ def make_grpc_server(runtime: Runtime, host: str, port: int, workers: int = 16) 
     settings = runtime.settings
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="railtrace-grpc"),
-        options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.so_reuseport", 0),
+            # Bounds before authentication (the token is checked once the call's metadata is in).
+            ("grpc.max_metadata_size", settings.max_head_bytes),
+            ("grpc.server_handshake_timeout_ms", int(settings.head_timeout_s * 1000)),
+            ("grpc.max_connection_idle_ms", int(settings.idle_timeout_s * 1000)),
+            ("grpc.max_concurrent_streams", 100),
+        ],
         interceptors=[TokenInterceptor(settings.ingest_token)] if settings.ingest_token else None,
     )
     service = TraceService(runtime)
