@@ -10,7 +10,6 @@ the limit, never inflated in full), 415 for other media types or encodings, 429/
 from __future__ import annotations
 
 import asyncio
-import zlib
 
 from fastapi import APIRouter, Request, Response
 from google.protobuf import json_format
@@ -23,6 +22,7 @@ from starlette.requests import ClientDisconnect
 from railtrace.ingest import Overloaded, WriterUnavailable, prepare
 from railtrace.ingest.writer import partial_success
 from railtrace.otlp import PayloadError
+from railtrace.otlp.decode import TooLarge, inflate_bounded
 from railtrace.server.deps import RuntimeDep
 from railtrace.server.security import ContentFilter
 from railtrace.store import RowBatch
@@ -32,50 +32,6 @@ JSON = "application/json"
 ENCODINGS = ("", "identity", "gzip", "x-gzip", "deflate")
 
 router = APIRouter(tags=["otlp"])
-
-
-class TooLarge(Exception):
-    pass
-
-
-def inflate_bounded(data: bytes, encoding: str, limit: int) -> bytes:
-    """Decompress gzip/deflate, stopping as soon as the output would exceed `limit`."""
-    # HTTP "deflate" is zlib-wrapped, but some clients send raw deflate.
-    wbits = [16 + zlib.MAX_WBITS] if encoding in ("gzip", "x-gzip") else [zlib.MAX_WBITS, -zlib.MAX_WBITS]
-    last_error: zlib.error | None = None
-    for wb in wbits:
-        try:
-            return _inflate(data, wb, limit)
-        except zlib.error as exc:
-            last_error = exc
-    raise PayloadError(f"body is not valid {encoding} data: {last_error}")
-
-
-def _inflate(data: bytes, wbits: int, limit: int) -> bytes:
-    out = bytearray()
-    pending = data
-    while True:
-        d = zlib.decompressobj(wbits)
-        buf = pending
-        while True:
-            out += d.decompress(buf, limit + 1 - len(out))
-            if len(out) > limit:
-                raise TooLarge
-            buf = d.unconsumed_tail
-            if d.eof or not buf:
-                break
-        while not d.eof:  # input consumed; drain output still held by zlib, bounded
-            chunk = d.decompress(b"", limit + 1 - len(out))
-            if not chunk:
-                break
-            out += chunk
-            if len(out) > limit:
-                raise TooLarge
-        if not d.eof:
-            raise zlib.error("compressed data is truncated")
-        pending = d.unused_data
-        if not pending or wbits < 0 or wbits == zlib.MAX_WBITS:
-            return bytes(out)  # gzip may hold several members; zlib/raw streams end here
 
 
 def _prepare(content: ContentFilter, raw: bytes, media: str) -> RowBatch:
