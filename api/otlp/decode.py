@@ -51,7 +51,9 @@ MAX_GZIP_MEMBERS = 64
 INFLATE_STEP = 64 * 1024
 
 
-def inflate_bounded(data: bytes, encoding: str, limit: int, max_members: int = MAX_GZIP_MEMBERS) -> bytes:
+def inflate_bounded(
+    data: bytes | bytearray, encoding: str, limit: int, max_members: int = MAX_GZIP_MEMBERS
+) -> bytes:
     """Decompress gzip/deflate, stopping as soon as the output would exceed `limit` (TooLarge).
 
     Linear in the body: fed to zlib a step at a time through a memoryview, never the rest of
@@ -68,7 +70,7 @@ def inflate_bounded(data: bytes, encoding: str, limit: int, max_members: int = M
     raise PayloadError(f"body is not valid {encoding} data: {last_error}")
 
 
-def _inflate(data: bytes, wbits: int, limit: int, max_members: int) -> bytes:
+def _inflate(data: bytes | bytearray, wbits: int, limit: int, max_members: int) -> bytes:
     out = bytearray()
     view = memoryview(data)
     pos = 0

@@ -118,13 +118,15 @@ async def export_traces(request: Request, rt: RuntimeDep) -> Response:
         metrics.export_done("http", "too_large")
         return _too_large_and_close(limit, as_json) if received > rt.settings.max_drain_bytes else too_large
     try:
-        raw = bytes(body)
         # Only the rows stay while the export waits for its commit: the body, read and
         # inflated, would otherwise be held twice per queued export (found by the memory
-        # figures of benchmarks/verdicts).
-        del body
+        # figures of benchmarks/verdicts). A compressed body is inflated from the buffer it
+        # was read into, not from a copy of it.
         if encoding not in ("", "identity"):
-            raw = await run_in_threadpool(inflate_bounded, raw, encoding, limit)
+            raw = await run_in_threadpool(inflate_bounded, body, encoding, limit)
+        else:
+            raw = bytes(body)
+        del body
         if media == PROTOBUF and len(raw) <= rt.settings.parse_inline_max_bytes:
             # A typical exporter batch (512 spans, ~400 KB) takes a few milliseconds to parse.
             # Handing it to a worker thread costs more CPU than that (thread wake-ups, GIL

@@ -6,7 +6,8 @@
    answers (partial success, spans dropped by `max_spans_per_trace`) and the time taken.
 2. A trace filled to the cap by 1,000-span calls, then `GET /api/v1/traces/{id}` three at once
    (a page of 10,000 and the paged read): latency and the service's peak RSS.
-3. Two traces kept at the cap receiving one span a second each for `--busy-seconds`, while
+3. Two traces of `--busy-fill` spans (just under the cap, so each new span is taken and the
+   trace assembled again) receiving one span a second each for `--busy-seconds`, while
    normal requests (official exporter, 3-span P/D traces) are sent: each normal request's
    verdict latency (export to `GET /api/v1/requests/{trace}` answering 200).
 """
@@ -78,9 +79,10 @@ def fill(server: Server, trace: int, total: int) -> int:
     stored = 0
     with httpx.Client(base_url=server.url, timeout=120) as c:
         for first in range(0, total, 1000):
-            r = c.post("/v1/traces", content=one_trace(trace, first, 1000), headers=PROTOBUF)
+            n = min(1000, total - first)
+            r = c.post("/v1/traces", content=one_trace(trace, first, n), headers=PROTOBUF)
             ps = ExportTraceServiceResponse.FromString(r.content).partial_success
-            stored += 1000 - ps.rejected_spans
+            stored += n - ps.rejected_spans
     return stored
 
 
@@ -158,6 +160,7 @@ def busy(server: Server, seconds: float) -> dict[str, object]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--busy-seconds", type=float, default=30)
+    ap.add_argument("--busy-fill", type=int, default=9_970, help="spans in each busy trace at the start")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         # Default quiet period (2 s), as deployed.
@@ -170,8 +173,8 @@ def main() -> int:
             print(json.dumps({"phase": "reads", **reads(server, 4)}), flush=True)
             baseline = busy(server, min(10.0, args.busy_seconds))
             print(json.dumps({"phase": "normal_only", **baseline}), flush=True)
-            for trace in (2, 3):
-                fill(server, trace, 10_000)
+            for trace in (2, 3):  # just under the cap: each span a second is taken, and re-assembled
+                fill(server, trace, args.busy_fill)
             print(json.dumps({"phase": "busy_big_traces", **busy(server, args.busy_seconds)}), flush=True)
         finally:
             server.terminate()
