@@ -6,8 +6,9 @@ listening socket and every connection through it (the service sees refused conne
 broken ones, as when the server or its network goes away), `restore()` listens again on the
 same port. The shared PostgreSQL server itself is never stopped.
 
-`SmallDisk` mounts a tmpfs of a few MiB (needs root; the test skips otherwise) that the SQLite
-database lives on; `fill()` writes a file until the disk is full, `free()` removes it.
+`SmallDisk` mounts a tmpfs of a few MiB (needs root) that the SQLite database lives on;
+`fill()` writes a file until the disk is full, `free()` removes it. Where nothing can be
+mounted, `FileSizeLimit` lowers the service process's RLIMIT_FSIZE instead, and restores it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import resource
 import socket
 import subprocess
 import threading
@@ -255,18 +257,58 @@ def pg_outage(direct_url: str, workdir: Path, seconds: float, restart_after_s: f
         proxy.close()
 
 
+class FileSizeLimit:
+    """Where no file system can be mounted (not root): the service process's file size limit
+    (RLIMIT_FSIZE, set from outside with prlimit) lowered to `limit` bytes, so every write past
+    that offset in any file fails with EFBIG as a full disk fails with ENOSPC (Python ignores
+    the SIGXFSZ that comes with it); `free` puts the limit back."""
+
+    def __init__(self, pid: int, limit: int = 4096) -> None:
+        self.pid = pid
+        self.limit = limit
+        self._saved: tuple[int, int] | None = None
+
+    def fill(self) -> int:
+        self._saved = resource.prlimit(self.pid, resource.RLIMIT_FSIZE)
+        resource.prlimit(self.pid, resource.RLIMIT_FSIZE, (self.limit, self._saved[1]))
+        return 0
+
+    def free(self) -> None:
+        if self._saved is not None:
+            resource.prlimit(self.pid, resource.RLIMIT_FSIZE, self._saved)
+
+
+def can_mount_tmpfs(path: Path) -> str | None:
+    """None if a small tmpfs can be mounted here, else why not."""
+    if os.geteuid() != 0:
+        return "mounting a tmpfs needs root"
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)], capture_output=True)
+    if done.returncode != 0:
+        return f"cannot mount a tmpfs: {done.stderr.decode().strip()}"
+    subprocess.run(["umount", str(path)], check=False, capture_output=True)
+    return None
+
+
 def sqlite_disk_full(workdir: Path, seconds: float, size_mb: int = 64) -> dict[str, object]:
-    """`railtrace serve` on SQLite on a `SmallDisk` filled for `seconds`, then freed."""
-    disk = SmallDisk(workdir / "disk", size_mb).mount()
-    url = f"sqlite:///{disk.path / 'railtrace.db'}"
+    """`railtrace serve` on SQLite on a `SmallDisk` filled for `seconds`, then freed; without
+    the right to mount one, the process's file size limit lowered and restored instead."""
+    disk: SmallDisk | None = None
+    if can_mount_tmpfs(workdir / "probe") is None:
+        disk = SmallDisk(workdir / "disk", size_mb).mount()
+        url = f"sqlite:///{disk.path / 'railtrace.db'}"
+    else:
+        url = f"sqlite:///{workdir / 'railtrace.db'}"
     server = Server(url, workdir, env={"RAILTRACE_WRITE_RETRY_MAX_S": "1"})
     try:
         server.wait_ready()
         ledger = Ledger()
         filled: list[int] = []
         senders = Senders(server, ledger)
-        fill = lambda: filled.append(disk.fill())  # noqa: E731
-        figures = _run_outage(server.url, fill, disk.free, seconds, ledger, senders)
+        full: SmallDisk | FileSizeLimit = disk if disk is not None else FileSizeLimit(server.proc.pid)
+        fill = lambda: filled.append(full.fill())  # noqa: E731
+        figures = _run_outage(server.url, fill, full.free, seconds, ledger, senders)
+        figures["how"] = "tmpfs filled" if disk is not None else "RLIMIT_FSIZE lowered"
         figures["filler_mb"] = round(filled[0] / 2**20, 1)
         figures["sigterm_exit"] = server.terminate()
         figures["lost_spans"] = len(ledger.acked - stored(url))
@@ -275,4 +317,5 @@ def sqlite_disk_full(workdir: Path, seconds: float, size_mb: int = 64) -> dict[s
     finally:
         if server.proc.poll() is None:
             server.kill()
-        disk.unmount()
+        if disk is not None:
+            disk.unmount()

@@ -7,13 +7,12 @@ accepted must be stored. The 60 s outage is `benchmarks/reliability/outage.py --
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import outage_harness
 import pytest
-from outage_harness import pg_outage, sqlite_disk_full
+from outage_harness import can_mount_tmpfs, pg_outage
 
 
 def test_postgres_unreachable_for_5s_ingest_resumes_by_itself(
@@ -30,22 +29,19 @@ def test_postgres_unreachable_for_5s_ingest_resumes_by_itself(
     assert figures["sigterm_exit"] == 0, figures
 
 
-def _can_mount_tmpfs(path: Path) -> str | None:
-    if os.geteuid() != 0:
-        return "mounting a small tmpfs needs root"
-    path.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)], capture_output=True)
-    if done.returncode != 0:
-        return f"cannot mount a tmpfs: {done.stderr.decode().strip()}"
-    subprocess.run(["umount", str(path)], check=True)
-    return None
-
-
-def test_sqlite_disk_full_then_freed_ingest_resumes_by_itself(tmp_path: Path) -> None:
-    reason = _can_mount_tmpfs(tmp_path / "probe")
-    if reason:
-        pytest.skip(reason)
-    figures = sqlite_disk_full(tmp_path, seconds=5)
+@pytest.mark.parametrize("how", ["tmpfs", "file_size_limit"])
+def test_sqlite_disk_full_then_freed_ingest_resumes_by_itself(
+    tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real full disk (a small tmpfs) where the test may mount one; and everywhere, a
+    file size limit on the service process, which fails its writes the same way."""
+    if how == "tmpfs":
+        reason = can_mount_tmpfs(tmp_path / "probe")
+        if reason:
+            pytest.skip(f"{reason}; the file_size_limit case covers this machine")
+    else:
+        monkeypatch.setattr(outage_harness, "can_mount_tmpfs", lambda _path: "not this case")
+    figures = outage_harness.sqlite_disk_full(tmp_path, seconds=5)
     assert figures["lost_spans"] == 0, figures
     assert figures["exports_ok_in_3s_after_recovery"] > 0, figures
     assert figures["integrity"] == "ok", figures
