@@ -12,8 +12,9 @@ connections were open, which 1,000 connections sending a byte a second achieved.
 - the head must be complete within `head_timeout_s` of its first byte, else the connection
   is closed; a connection with no request in progress is closed after `idle_timeout_s`;
 - at `max_connections` open connections a new one closes the connection that has waited
-  longest for a request head (idle or slow); only when every connection has a request in
-  progress is the new one answered 503 and closed.
+  longest for a request head (idle or slow), else the one whose request body has been
+  trickling in longest (over `SLOW_BODY_S`); only when every connection is serving a request
+  is the new one answered 503 and closed.
 
 Subclasses uvicorn's protocol (`uvicorn.protocols.http.httptools_impl`, uvicorn 0.55) and
 keeps its parsing and ASGI cycle; the hooks used are its parser callbacks and
@@ -71,12 +72,14 @@ def bounded_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._limits = limits
+            self.timeout_keep_alive = limits.idle_timeout_s  # uvicorn's own setting takes whole seconds
             self._in_head = False  # a request's head has begun and is not complete
             self._waiting_since = time.monotonic()  # for a request head, since (idle or slow)
             self._head_bytes = 0
             self._header_count = 0
             self._refused: tuple[int, str] | None = None
             self._head_timer: asyncio.TimerHandle | None = None
+            self._body_since = 0.0
 
         # -- connections -----------------------------------------------------------------
 
@@ -103,10 +106,8 @@ def bounded_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
             )
 
         def on_response_complete(self) -> None:
-            super().on_response_complete()
+            super().on_response_complete()  # arms the idle timer (`timeout_keep_alive`)
             self._waiting_since = time.monotonic()
-            # uvicorn arms its keep-alive timer only when nothing is pipelined; it uses
-            # `timeout_keep_alive` (= idle_timeout_s, set by the runner).
 
         @property
         def waiting_for_head(self) -> bool:
@@ -146,8 +147,17 @@ def bounded_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
 
         def on_headers_complete(self) -> None:
             self._in_head = False
+            self._body_since = time.monotonic()
             self._cancel_head_timer()
             super().on_headers_complete()
+
+        @property
+        def receiving_body_since(self) -> float | None:
+            """When this connection's request began sending its body, if it still is."""
+            cycle = self.cycle
+            if cycle is None or cycle.response_complete or not cycle.more_body:
+                return None
+            return self._body_since
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
@@ -187,18 +197,32 @@ def bounded_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
     return BoundedHttpToolsProtocol
 
 
+# A request whose body has been arriving for longer than this may be closed to make room for
+# a new connection when every connection is busy (an export's body takes milliseconds).
+SLOW_BODY_S = 2.0
+
+
 def _evict_one(connections: set[Any]) -> bool:
-    """Close the connection that has waited longest for a request head; False if none is."""
-    waiting = [
-        c
-        for c in connections
-        if getattr(c, "waiting_for_head", False) and c.transport is not None and not c.transport.is_closing()
-    ]
-    if not waiting:
-        return False
-    oldest = min(waiting, key=lambda c: c._waiting_since)
-    oldest.transport.close()
-    connections.discard(oldest)
+    """Make room: close the connection that has waited longest for a request head; failing
+    that, the one whose request body has been arriving longest, if for over SLOW_BODY_S (a
+    client trickling its body; its export was not acknowledged, so its exporter retries).
+    False if every connection is serving a request."""
+    open_ = [c for c in connections if c.transport is not None and not c.transport.is_closing()]
+    waiting = [c for c in open_ if getattr(c, "waiting_for_head", False)]
+    if waiting:
+        victim = min(waiting, key=lambda c: c._waiting_since)
+    else:
+        now = time.monotonic()
+        slow = [
+            (since, c)
+            for c in open_
+            if (since := getattr(c, "receiving_body_since", None)) is not None and now - since > SLOW_BODY_S
+        ]
+        if not slow:
+            return False
+        victim = min(slow, key=lambda sc: sc[0])[1]
+    victim.transport.close()
+    connections.discard(victim)
     return True
 
 

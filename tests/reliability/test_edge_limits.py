@@ -176,6 +176,30 @@ def test_slow_clients_holding_every_connection_do_not_shut_out_exports(svc: Serv
             s.close()
 
 
+def test_slow_bodies_holding_every_connection_do_not_shut_out_exports(svc: Service) -> None:
+    """Clients that send their head at once and then trickle a body (each request in progress,
+    for up to `body_timeout_s`) on every connection: new exports are still served."""
+    slow: list[socket.socket] = []
+    head = b"POST /v1/traces HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer secret\r\n"
+    head += b"Content-Type: application/x-protobuf\r\nContent-Length: 100000\r\n\r\n"
+    for _ in range(MAX_CONNECTIONS):
+        s = _connect(svc)
+        s.sendall(head + b"\n")
+        slow.append(s)
+    try:
+        time.sleep(2.5)  # past SLOW_BODY_S
+        body = ExportTraceServiceRequest().SerializeToString()
+        codes = []
+        with httpx.Client(base_url=svc.http_url, timeout=10) as client:
+            for _ in range(5):
+                codes.append(client.get("/readyz").status_code)
+                codes.append(post(client, body, authorization="Bearer secret").status_code)
+        assert set(codes) == {200}, codes
+    finally:
+        for s in slow:
+            s.close()
+
+
 def test_grpc_metadata_over_the_limit_is_refused_and_calls_still_work(svc: Service) -> None:
     with grpc.insecure_channel(svc.grpc_endpoint) as channel:
         call = channel.unary_unary(EXPORT_PATH)
