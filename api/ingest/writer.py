@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from railtrace.otlp.decode import parse_json, parse_protobuf
 from railtrace.store import InsertResult, RowBatch, Store, rows_from_bytes, rows_from_request
@@ -58,6 +59,14 @@ def prepare(
 # Failed commits in a row after which exports are refused (503) until the database takes a
 # write again.
 FAILURES_BEFORE_REFUSING = 3
+
+
+def _database_failing(exc: BaseException) -> bool:
+    """Whether `exc` says the database cannot take writes at all, rather than that one
+    export's rows were refused: a lost or refused connection, a full disk, an I/O error."""
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 
 def partial_success(batch: RowBatch, result: InsertResult | None, cap: int) -> tuple[int, str]:
@@ -274,7 +283,10 @@ class BulkWriter:
         try:
             result = self.store.insert_batches([b for b, _ in items])
         except Exception as exc:
-            if len(items) > 1:  # one bad export must not fail the others: retry one by one
+            # One bad export must not fail the others: retry one by one. Not when the database
+            # itself is failing (unreachable, disk full): each retry would only fail again, and
+            # against an unreachable server each waits for its connect timeout.
+            if len(items) > 1 and not _database_failing(exc):
                 for item in items:
                     self._commit([item])
                 return

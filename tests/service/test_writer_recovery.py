@@ -8,23 +8,34 @@ import threading
 import time
 
 import pytest
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from railtrace.ingest import BulkWriter, WriterUnavailable
 from railtrace.ingest.writer import FAILURES_BEFORE_REFUSING
 from railtrace.store import InsertResult, RowBatch
 
 
+def _unreachable() -> OperationalError:
+    return OperationalError("INSERT ...", {}, ConnectionRefusedError("connection refused"))
+
+
 class FlakyStore:
-    """Fails every write while `down` is set; counts probes."""
+    """Fails every write while `down` is set (as SQLAlchemy reports a lost server); counts
+    probes and insert attempts."""
 
     def __init__(self) -> None:
         self.down = threading.Event()
         self.probes = 0
         self.inserted = 0
+        self.attempts = 0
+        self.gate = threading.Event()
+        self.gate.set()
 
     def insert_batches(self, batches: list[RowBatch]) -> InsertResult:
+        self.gate.wait(5)
+        self.attempts += 1
         if self.down.is_set():
-            raise ConnectionError("database unreachable")
+            raise _unreachable()
         n = sum(len(b) for b in batches)
         self.inserted += n
         return InsertResult(n, 0)
@@ -32,7 +43,7 @@ class FlakyStore:
     def probe_write(self) -> None:
         self.probes += 1
         if self.down.is_set():
-            raise ConnectionError("database unreachable")
+            raise _unreachable()
 
 
 def _batch() -> RowBatch:
@@ -79,5 +90,64 @@ def test_backoff_grows_to_its_ceiling() -> None:
         time.sleep(1.0)
         # 0.02 + 0.04 + 0.08 + 0.08 ...: about 12 tries in 1 s, not a hundred.
         assert 5 <= store.probes <= 20
+    finally:
+        writer.stop()
+
+
+def test_a_failing_database_fails_a_group_commit_once_not_once_per_export() -> None:
+    """Against an unreachable server each attempt may wait for its connect timeout: the
+    exports queued behind one failed commit are answered with it, not retried one by one."""
+    store = FlakyStore()
+    writer = BulkWriter(store, retry_initial_s=10)  # type: ignore[arg-type]
+    writer.start()
+    try:
+        store.down.set()
+        store.gate.clear()  # hold the writer so that exports queue up for one commit
+        errors: list[BaseException] = []
+
+        def one() -> None:
+            try:
+                writer.write_sync(_batch(), timeout=10)
+            except BaseException as exc:
+                errors.append(exc)
+
+        writer.submit(_batch(), lambda _r, _e: None)  # the commit the writer is held in
+        threads = [threading.Thread(target=one) for _ in range(8)]
+        for t in threads:
+            t.start()
+        time.sleep(0.2)
+        store.gate.set()
+        for t in threads:
+            t.join(10)
+        assert len(errors) == 8 and all(isinstance(e, WriterUnavailable) for e in errors)
+        assert store.attempts == 2  # the first export's commit, then the eight together
+    finally:
+        writer.stop()
+
+
+def test_an_export_the_database_refuses_does_not_fail_the_others() -> None:
+    """A data error (not the database failing) still retries the group one by one."""
+
+    class PickyStore(FlakyStore):
+        def insert_batches(self, batches: list[RowBatch]) -> InsertResult:
+            if any(b.span_count == 13 for b in batches):
+                raise IntegrityError("INSERT ...", {}, ValueError("bad row"))
+            return super().insert_batches(batches)
+
+    store = PickyStore()
+    writer = BulkWriter(store)  # type: ignore[arg-type]
+    writer.start()
+    try:
+        store.gate.clear()
+        results: list[object] = []
+        writer.submit(RowBatch(span_count=1), lambda r, e: results.append(e or r))
+        writer.submit(RowBatch(span_count=13), lambda r, e: results.append(e or r))
+        writer.submit(RowBatch(span_count=2), lambda r, e: results.append(e or r))
+        store.gate.set()
+        deadline = time.monotonic() + 5
+        while len(results) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sum(isinstance(r, WriterUnavailable) for r in results) == 1
+        assert store.inserted == 3
     finally:
         writer.stop()
