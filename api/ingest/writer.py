@@ -121,6 +121,7 @@ class BulkWriter:
         self._next_probe = 0.0
         self.commits = 0
         self.probes = 0
+        self._busy_since: float | None = None  # monotonic start of the commit or probe under way
 
     @property
     def pending(self) -> int:
@@ -138,6 +139,13 @@ class BulkWriter:
     def alive(self) -> bool:
         """The writer thread runs (False before start, after stop, or if it died)."""
         return self._running and self._thread is not None and self._thread.is_alive()
+
+    @property
+    def stuck_for(self) -> float:
+        """Seconds the commit (or probe) under way has taken so far (0: none). A database that
+        stops answering without closing the connection (packets dropped) holds it for good."""
+        since = self._busy_since
+        return 0.0 if since is None else time.monotonic() - since
 
     @property
     def failing_for(self) -> float:
@@ -242,9 +250,11 @@ class BulkWriter:
     def _probe(self) -> None:
         """One write transaction while refusing; success ends the refusal, failure backs off."""
         self.probes += 1
+        self._busy_since = time.monotonic()
         try:
             self.store.probe_write()
         except Exception as exc:
+            self._busy_since = None
             self._retry_delay = min(self._retry_delay * 2, self.retry_max_s)
             self._next_probe = time.monotonic() + self._retry_delay
             log.warning(
@@ -254,6 +264,7 @@ class BulkWriter:
                 self._retry_delay,
             )
             return
+        self._busy_since = None
         self._succeeded()
 
     def _failed(self) -> None:
@@ -280,9 +291,11 @@ class BulkWriter:
         self._retry_delay = self.retry_initial_s
 
     def _commit(self, items: list[tuple[RowBatch, Done]]) -> None:
+        self._busy_since = time.monotonic()
         try:
             result = self.store.insert_batches([b for b, _ in items])
         except Exception as exc:
+            self._busy_since = None
             # One bad export must not fail the others: retry one by one. Not when the database
             # itself is failing (unreachable, disk full): each retry would only fail again, and
             # against an unreachable server each waits for its connect timeout.
@@ -294,6 +307,7 @@ class BulkWriter:
             self._failed()
             self._finish(items, None, WriterUnavailable(f"database write failed: {type(exc).__name__}"))
             return
+        self._busy_since = None
         self._succeeded()
         self.commits += 1
         if self._on_commit:

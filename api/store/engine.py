@@ -128,6 +128,10 @@ def make_engine(url: str, *, sqlite_synchronous: str = "NORMAL", derived_only: b
             # Without it a connection attempt to an unreachable server (packets dropped, not
             # refused) waits for the kernel's TCP timeout, minutes, holding the span writer.
             connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
+        if "tcp_user_timeout" not in parsed.query:
+            # Likewise for a statement on an open connection whose packets go unacknowledged:
+            # without it the kernel retransmits for ~15 minutes before the call fails.
+            connect_args["tcp_user_timeout"] = PG_TCP_USER_TIMEOUT_MS
         engine = create_engine(url, pool_size=8, max_overflow=8, connect_args=connect_args)
         _ping_idle_connections(engine)
 
@@ -162,6 +166,8 @@ def pg_has_lz4(conn: Connection) -> bool:
 
 # Seconds a new PostgreSQL connection may take (unless the URL sets `connect_timeout`).
 PG_CONNECT_TIMEOUT_S = 10
+# Milliseconds sent data may stay unacknowledged before the connection counts as broken.
+PG_TCP_USER_TIMEOUT_MS = 30_000
 
 # A pooled PostgreSQL connection that sat unused this long is checked with a round trip before
 # it is handed out (`_ping_idle_connections`).

@@ -38,6 +38,8 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._listener: socket.socket | None = None
+        self._flowing = threading.Event()  # cleared by `freeze`
+        self._flowing.set()
         self.port = 0
         self._listen()
 
@@ -59,6 +61,7 @@ class TcpProxy:
             if listener is not self._listener:
                 client.close()
                 return
+            self._flowing.wait()  # frozen: the client's handshake is answered by the kernel, then silence
             try:
                 server = socket.create_connection(self.upstream, timeout=5)
             except OSError:
@@ -73,6 +76,7 @@ class TcpProxy:
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
+                self._flowing.wait()
                 dst.sendall(data)
         except OSError:
             pass
@@ -104,6 +108,14 @@ class TcpProxy:
     def restore(self) -> None:
         if self._listener is None:
             self._listen()
+
+    def freeze(self) -> None:
+        """Stop forwarding without closing anything, as when packets are dropped: calls on open
+        connections and new connection attempts get no answer (and no error)."""
+        self._flowing.clear()
+
+    def thaw(self) -> None:
+        self._flowing.set()
 
     def close(self) -> None:
         self.cut()
@@ -238,8 +250,10 @@ def _run_outage(
     }
 
 
-def pg_outage(direct_url: str, workdir: Path, seconds: float, restart_after_s: float) -> dict[str, object]:
-    """`railtrace serve` on PostgreSQL through a `TcpProxy` cut for `seconds`."""
+def pg_outage(
+    direct_url: str, workdir: Path, seconds: float, restart_after_s: float, frozen: bool = False
+) -> dict[str, object]:
+    """`railtrace serve` on PostgreSQL through a `TcpProxy` cut (`frozen`: silent) for `seconds`."""
     port = make_url(direct_url).port or 5432
     proxy = TcpProxy(("127.0.0.1", port))
     env = {"RAILTRACE_WRITE_RETRY_MAX_S": "1", "RAILTRACE_WRITE_FAILURE_RESTART_S": str(restart_after_s)}
@@ -247,7 +261,8 @@ def pg_outage(direct_url: str, workdir: Path, seconds: float, restart_after_s: f
     try:
         server.wait_ready()
         ledger = Ledger()
-        figures = _run_outage(server.url, proxy.cut, proxy.restore, seconds, ledger, Senders(server, ledger))
+        start, end = (proxy.freeze, proxy.thaw) if frozen else (proxy.cut, proxy.restore)
+        figures = _run_outage(server.url, start, end, seconds, ledger, Senders(server, ledger))
         figures["lost_spans"] = len(ledger.acked - stored(direct_url))
         figures["sigterm_exit"] = server.terminate()
         return figures

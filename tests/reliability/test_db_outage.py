@@ -29,6 +29,21 @@ def test_postgres_unreachable_for_5s_ingest_resumes_by_itself(
     assert figures["sigterm_exit"] == 0, figures
 
 
+def test_postgres_silent_for_8s_liveness_turns_and_ingest_resumes(
+    new_database: Callable[[str], str], tmp_path: Path
+) -> None:
+    """The network drops PostgreSQL's packets (the proxy stops forwarding, nothing is closed):
+    a commit under way gets no answer. /readyz still answers (503) within its ping's 2 s, the
+    stuck write turns /healthz 503 past `write_failure_restart_s`, and when packets flow again
+    the held commit completes and ingest resumes."""
+    figures = pg_outage(new_database("postgresql"), tmp_path, seconds=8, restart_after_s=3, frozen=True)
+    assert figures["lost_spans"] == 0, figures
+    assert figures["exports_ok_in_3s_after_recovery"] > 0, figures
+    assert 503 in figures["healthz_during"], figures
+    assert figures["healthz_after"] == [200], figures
+    assert figures["sigterm_exit"] == 0, figures
+
+
 @pytest.mark.parametrize("how", ["tmpfs", "file_size_limit"])
 def test_sqlite_disk_full_then_freed_ingest_resumes_by_itself(
     tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch

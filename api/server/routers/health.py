@@ -33,10 +33,9 @@ def healthz(rt: RuntimeDep) -> Response:
 )
 def readyz(rt: RuntimeDep) -> Response:
     problems: list[str] = []
-    try:
-        rt.store.ping()
-    except Exception as exc:
-        problems.append(f"database: {type(exc).__name__}")
+    database = rt.ping_database()
+    if database:
+        problems.append(database)
     if not rt.writer.healthy:
         problems.append("writer: not running or failing")
     elif rt.writer.pending >= rt.settings.max_pending_spans:
