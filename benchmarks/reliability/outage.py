@@ -1,10 +1,12 @@
 """Database outages of any length, ended without a restart of the service.
 
     .venv/bin/python benchmarks/reliability/outage.py --seconds 60 [--pg URL] [--sqlite-only | --pg-only]
+        [--silent]
 
-PostgreSQL is cut off through a TCP proxy (the server itself is never stopped: a throwaway
-schema on it is used and dropped); SQLite lives on a small tmpfs that is filled and freed
-(needs root). Official HTTP and gRPC exporters send throughout. Prints one JSON line per
+PostgreSQL is cut off (`--silent`: its packets dropped) through a TCP proxy (the server
+itself is never stopped: a throwaway schema on it is used and dropped); SQLite lives on a
+small tmpfs that is filled and freed (needs root; without it the service's file size limit is
+lowered and restored). Official HTTP and gRPC exporters send throughout. Prints one JSON line per
 database: outage length, when /readyz turned and came back, exports accepted right after,
 /healthz answers during and after, acknowledged spans lost (must be 0). The same harness runs
 the 5 s outages of tests/reliability/test_db_outage.py.
@@ -33,6 +35,7 @@ def main() -> int:
     ap.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
     ap.add_argument("--sqlite-only", action="store_true")
     ap.add_argument("--pg-only", action="store_true")
+    ap.add_argument("--silent", action="store_true", help="PostgreSQL: drop packets instead of cutting")
     args = ap.parse_args()
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
