@@ -171,12 +171,30 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-@router.get("/api/traces/{trace_id}", summary="Tempo: a trace by id (tempopb.Trace or JSON `batches`)")
+TRACE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "The trace", "content": {PROTOBUF: {}, "application/json": {}}}
+}
+JSON_ANSWER: dict[int | str, dict[str, Any]] = {
+    200: {"description": "OK", "content": {"application/json": {}}}
+}
+
+
+@router.get(
+    "/api/traces/{trace_id}",
+    summary="Tempo: a trace by id (tempopb.Trace or JSON `batches`)",
+    response_class=Response,
+    responses=TRACE_RESPONSES,
+)
 async def trace_v1(rt: RuntimeDep, request: Request, trace_id: str) -> Response:
     return await _trace(rt, request, trace_id, v2=False)
 
 
-@router.get("/api/v2/traces/{trace_id}", summary="Tempo: a trace by id (tempopb.TraceByIDResponse)")
+@router.get(
+    "/api/v2/traces/{trace_id}",
+    summary="Tempo: a trace by id (tempopb.TraceByIDResponse)",
+    response_class=Response,
+    responses=TRACE_RESPONSES,
+)
 async def trace_v2(rt: RuntimeDep, request: Request, trace_id: str) -> Response:
     return await _trace(rt, request, trace_id, v2=True)
 
@@ -264,13 +282,21 @@ def parse_traceql(q: str) -> list[Spanset]:
 def _cond(name: str, op: str, raw: str, quoted: bool) -> Cond:
     value: Any
     if quoted:
-        value = orjson.loads(raw)
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise TraceQLError(f"cannot read the string {raw[:40]}") from None
     elif m := DURATION.match(raw):
         value = float(m.group(1)) * UNITS[m.group(2)]
     elif re.fullmatch(r"-?\d+(\.\d+)?", raw):
         value = float(raw)
     else:
         value = raw  # status and kind enums, booleans
+    if op in ("=~", "!~"):
+        try:
+            value = re.compile(str(value))
+        except re.error as exc:
+            raise TraceQLError(f"bad regular expression {raw[:40]}: {exc}") from None
     for prefix, scope in (("resource.", "resource"), ("span.", "span"), (".", "any")):
         if name.startswith(prefix):
             return Cond(scope, name[len(prefix) :], op, value)
@@ -298,7 +324,8 @@ def _compare(actual: Any, op: str, wanted: Any) -> bool:
     if op == "!=":
         return not (actual == wanted or str(actual) == str(wanted))
     if op in ("=~", "!~"):
-        found = re.fullmatch(str(wanted), str(actual)) is not None
+        pattern = wanted if isinstance(wanted, re.Pattern) else re.compile(re.escape(str(wanted)))
+        found = pattern.fullmatch(str(actual)) is not None
         return found if op == "=~" else not found
     try:
         a, w = float(actual), float(wanted)
@@ -371,7 +398,10 @@ def _logfmt(tags: str) -> list[Cond]:
     out = []
     for m in re.finditer(r'([^\s=]+)=("(?:[^"\\]|\\.)*"|\S+)', tags):
         raw = m.group(2)
-        value = orjson.loads(raw) if raw.startswith('"') else raw
+        try:
+            value = orjson.loads(raw) if raw.startswith('"') else raw
+        except orjson.JSONDecodeError:
+            raise TraceQLError(f"cannot read the tag value {raw[:40]}") from None
         key = m.group(1)
         scope = "intrinsic" if key in ("name", "status") else "any"
         if key == "service.name":
@@ -495,7 +525,12 @@ def _duration(raw: str | None, name: str) -> float | None:
     return float(m.group(1)) * UNITS[m.group(2)]
 
 
-@router.get("/api/search", summary="Tempo: search traces with TraceQL (subset, see docs/ui.md) or tags")
+@router.get(
+    "/api/search",
+    summary="Tempo: search traces with TraceQL (subset, see docs/ui.md) or tags",
+    response_class=Response,
+    responses=JSON_ANSWER,
+)
 async def search_traces(
     rt: RuntimeDep,
     request: Request,
@@ -599,7 +634,12 @@ async def tag_values_v2(
 # -- Health and version -----------------------------------------------------------------
 
 
-@router.get("/api/echo", summary="Tempo: the data source's connection test")
+@router.get(
+    "/api/echo",
+    summary="Tempo: the data source's connection test",
+    response_class=Response,
+    responses={200: {"description": "echo", "content": {"text/plain": {}}}},
+)
 async def echo() -> Response:
     return Response("echo", media_type="text/plain")
 
