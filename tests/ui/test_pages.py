@@ -39,7 +39,8 @@ def test_the_overview_shows_the_fleet(page: Page, api: httpx.Client) -> None:
     pg = page.open("/")
     text = pg.inner_text("main")
     topo = api.get("/api/v1/topology").json()
-    assert f"{len(topo['nodes'])} nodes" in text
+    assert f"{len(topo['nodes'])} nodes in {len(topo['blocks'])} blocks" in text
+    assert f"{len(topo['pods'])} pods" in text
     for part in ("By path class", "By pairing level", "Flags", "Ingest health", "Slowest prefill"):
         assert part in text
     total = sum(g["requests"] for g in api.get("/api/v1/stats").json()["groups"])

@@ -129,7 +129,7 @@ async function overview(main, params) {
     api(`/api/v1/stats?group_by=flag&since=${since}`),
     api(`/api/v1/stats?group_by=pair&since=${since}`),
     fetch("/readyz").then((r) => r.json()).catch((e) => ({ status: "unreachable", problems: [String(e)] })),
-    maybe("/api/v1/topology"),
+    maybe("/api/v1/topology?summary=true"),
   ]);
   const total = byPath.groups.reduce((a, g) => a + g.requests, 0);
   const flagged = Object.fromEntries(byFlag.groups.map((g) => [g.flag, g.requests]));
@@ -139,8 +139,8 @@ async function overview(main, params) {
   const fleet = topo.error
     ? h("p", { class: "warn" }, `topology unavailable: ${topo.error}`)
     : h("p", {},
-      `${topo.nodes.length} nodes in ${Object.keys(topo.blocks || {}).length} blocks, ${topo.pods.length} pods, `,
-      `${Object.keys(topo.rails || {}).length} rails`,
+      `${topo.nodes} nodes in ${topo.blocks} blocks / ${topo.subblocks} subblocks, ${topo.pods} pods, `,
+      `${topo.rails} rails`,
       topo.warnings.length || topo.discovery_gaps.length
         ? h("span", { class: "warn" }, ` — ${topo.warnings.length} warnings, ${topo.discovery_gaps.length} discovery gaps`)
         : "",
@@ -460,7 +460,7 @@ async function topologyPage(main) {
     h("div", { class: "pagehead" }, h("h1", {}, "Topology")),
     h("p", {}, `${topo.nodes.length} nodes, ${topo.pods.length} pods, ${Object.keys(topo.rails || {}).length} rails · sources: ${(topo.sources || []).length}`),
     section(`Warnings (${topo.warnings.length})`, h("ul", { class: "plain" }, topo.warnings.map((w) => h("li", { class: "warn" }, typeof w === "string" ? w : JSON.stringify(w))))),
-    section(`Discovery gaps (${topo.discovery_gaps.length})`, h("ul", { class: "plain" }, topo.discovery_gaps.map((g) => h("li", { class: "warn" }, typeof g === "string" ? g : JSON.stringify(g))))),
+    section(`Discovery gaps (${topo.discovery_gaps.length})`, h("ul", { class: "plain" }, topo.discovery_gaps.map((g) => h("li", { class: "warn" }, typeof g === "string" ? g : `${g.object}: missing ${(g.missing || []).join(", ")}${g.note ? ` (${g.note})` : ""}`)))),
     section("Nodes by block and subblock", h("div", { class: "blocks" }, blocks, loose.length ? h("div", { class: "block" }, h("h3", {}, "no block label"), loose.map((n) => nodeCard(n, n.name))) : "")),
     contractSection(contract));
 }
@@ -518,6 +518,7 @@ async function route() {
   }
   for (const a of document.querySelectorAll("header nav a")) a.classList.toggle("active", a.dataset.page === page);
   main.setAttribute("aria-busy", "false");
+  performance.mark("railtrace:rendered"); // benchmarks/ui reads it: navigation to a complete page
   if (location.hash.startsWith("#span-")) {
     openSpan(location.hash.slice(6));
     document.getElementById(location.hash.slice(1))?.scrollIntoView();
