@@ -44,8 +44,8 @@ def test_the_overview_shows_the_fleet(page: Page, api: httpx.Client) -> None:
     for part in ("By path class", "By pairing level", "Flags", "Ingest health", "Slowest prefill"):
         assert part in text
     # TTFT quantiles per path class, as the quantile endpoint computes them over the window.
-    q = api.get("/api/v1/stats/ttft", params={"group_by": "path_class", "since": 0}).json()
-    tcp = next(g for g in q["groups"] if g["path_class"] == "tcp")
+    q = api.get("/api/v1/stats/ttft", params={"since": 0}).json()
+    tcp = next(g for g in q["path_class"] if g["path_class"] == "tcp")
     row = pg.locator("section:has(h2:text('By path class')) tr", has_text="tcp").first.inner_text()
     assert f"{tcp['ttft_s_p50']:.2f} s" in row and f"{tcp['ttft_s_p99']:.2f} s" in row
     total = sum(g["requests"] for g in api.get("/api/v1/stats").json()["groups"])

@@ -124,16 +124,15 @@ function weightedMean(groups, key) {
 async function overview(main, params) {
   const win = params.get("window") === "24h" ? "24h" : "1h";
   const since = Math.floor(Date.now() / 1000) - (win === "1h" ? 3600 : 86400);
-  const [byPath, byFlag, byPair, ready, topo, qPath, qLevel] = await Promise.all([
+  const [byPath, byFlag, byPair, ready, topo, quant] = await Promise.all([
     api(`/api/v1/stats?group_by=path_class&since=${since}`),
     api(`/api/v1/stats?group_by=flag&since=${since}`),
     api(`/api/v1/stats?group_by=pair&since=${since}`),
     fetch("/readyz").then((r) => r.json()).catch((e) => ({ status: "unreachable", problems: [String(e)] })),
     maybe("/api/v1/topology?summary=true"),
-    api(`/api/v1/stats/ttft?group_by=path_class&since=${since}`),
-    api(`/api/v1/stats/ttft?group_by=pairing_level&since=${since}`),
+    api(`/api/v1/stats/ttft?since=${since}`),
   ]);
-  const qOf = (q, key, value) => q.groups.find((g) => (g[key] || "unknown") === value) || {};
+  const qOf = (key, value) => quant[key].find((g) => (g[key] || "unknown") === value) || {};
   const qCells = (g) => ["ttft_s_p50", "ttft_s_p90", "ttft_s_p99"].map((k) => h("td", { class: "num" }, secs(g[k])));
   const qNote = (q) => q.truncated
     ? h("p", { class: "muted" }, `TTFT quantiles over the newest ${q.rows.toLocaleString()} requests (since ${new Date(q.from_ns / 1e6).toISOString().slice(11, 19)} UTC).`)
@@ -165,7 +164,7 @@ async function overview(main, params) {
       h("td", {}, h("a", { href: listHref(`&path_class=${g.path_class}`) }, pathBadge(g.path_class))),
       h("td", { class: "num" }, g.requests),
       h("td", { class: "num" }, pct(g.requests / total)),
-      qCells(qOf(qPath, "path_class", g.path_class)),
+      qCells(qOf("path_class", g.path_class)),
       h("td", { class: "num" }, secs(g.kv_duration_s_mean))));
 
   const levels = {};
@@ -175,7 +174,7 @@ async function overview(main, params) {
     return h("tr", {},
       h("td", {}, lv),
       h("td", { class: "num" }, gs.reduce((a, g) => a + g.requests, 0)),
-      qCells(qOf(qLevel, "pairing_level", lv)),
+      qCells(qOf("pairing_level", lv)),
       h("td", { class: "num" }, secs(weightedMean(gs, "ttft_s_mean"))),
       h("td", { class: "num" }, secs(weightedMean(gs, "kv_duration_s_mean"))));
   });
@@ -201,8 +200,8 @@ async function overview(main, params) {
     fleet,
     tiles,
     h("div", { class: "grid" },
-      section("By path class", table(["path class", "requests", "share", "TTFT p50", "p90", "p99", "KV mean"], pathRows), qNote(qPath)),
-      section("By pairing level", table(["pairing level", "requests", "TTFT p50", "p90", "p99", "TTFT mean", "KV mean"], levelRows), qNote(qLevel)),
+      section("By path class", table(["path class", "requests", "share", "TTFT p50", "p90", "p99", "KV mean"], pathRows), qNote(quant)),
+      section("By pairing level", table(["pairing level", "requests", "TTFT p50", "p90", "p99", "TTFT mean", "KV mean"], levelRows), qNote(quant)),
       section("Flags", table(["flag", "requests", "rate"], flagRows)),
       section("Ingest health", table(["", ""], [
         h("tr", {}, h("td", {}, "status"), h("td", { class: ready.status === "ok" ? "ok" : "bad" }, ready.status)),
