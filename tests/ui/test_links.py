@@ -68,3 +68,15 @@ def test_the_service_answers_each_link_with_the_ui(service: Any, api: httpx.Clie
         assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/html"), path
         assert '<script type="module" src="/ui/static/app.js">' in resp.text
         assert urlsplit(path).path in ("/", "/requests", "/topology") or path.startswith("/requests/")
+
+
+def test_runbooks_point_at_ui_pages() -> None:
+    """Runbooks name the UI page to open next to their API commands."""
+    found = 0
+    for path in sorted((Path(build.__file__).resolve().parents[1] / "docs" / "runbooks").glob("*.md")):
+        for link in re.findall(r"\$RAILTRACE(/[^\s`'\"]*)", path.read_text()):
+            if link.startswith(("/api/", "/readyz", "/healthz", "/metrics", "/v1/")):
+                continue
+            found += 1
+            assert UI_PATH.match(link.replace("<trace_id>", "0" * 32)), (path.name, link)
+    assert found >= 7
