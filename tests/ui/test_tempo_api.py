@@ -91,9 +91,9 @@ def _root_attrs(batches: Any) -> dict[str, Any]:
     return {kv.key: _value(kv.value) for kv in root.attributes}
 
 
-def test_trace_by_id_v2_is_a_tempopb_trace_by_id_response_with_the_verdict(api: httpx.Client) -> None:
-    s = first_with_flag(api, "tcp_fallback")
-    resp = api.get(f"/api/v2/traces/{s['trace_id']}", headers=PROTOBUF)
+def test_trace_by_id_v2_is_a_tempopb_trace_by_id_response_with_the_verdict(any_api: httpx.Client) -> None:
+    s = first_with_flag(any_api, "tcp_fallback")
+    resp = any_api.get(f"/api/v2/traces/{s['trace_id']}", headers=PROTOBUF)
     assert resp.status_code == 200 and resp.headers["content-type"] == "application/protobuf"
     msg = TRACE_BY_ID.FromString(resp.content)
     assert msg.status == 0  # COMPLETE
@@ -116,24 +116,24 @@ def test_trace_by_id_v2_is_a_tempopb_trace_by_id_response_with_the_verdict(api: 
     assert {"llm-d-router/epp"} <= services and len(services) >= 3
 
 
-def test_trace_by_id_v1_is_a_tempopb_trace(api: httpx.Client) -> None:
-    s = first_with_flag(api, "cross_rail")
-    resp = api.get(f"/api/traces/{s['trace_id']}", params={"start": 0, "end": 0}, headers=PROTOBUF)
+def test_trace_by_id_v1_is_a_tempopb_trace(any_api: httpx.Client) -> None:
+    s = first_with_flag(any_api, "cross_rail")
+    resp = any_api.get(f"/api/traces/{s['trace_id']}", params={"start": 0, "end": 0}, headers=PROTOBUF)
     msg = TRACE.FromString(resp.content)
     assert len(_spans(msg.batches)) == s["span_count"]
     assert "cross_rail" in _root_attrs(msg.batches)[semconv.VERDICT_FLAGS]
     kv_span = next(sp for sp in _spans(msg.batches) if sp.name == semconv.SPAN_KV_TRANSFER)
     assert kv_span.end_time_unix_nano > kv_span.start_time_unix_nano > 0
     # JSON when JSON is asked for: Tempo's `batches` (v1) and `trace.resourceSpans` (v2).
-    assert api.get(f"/api/traces/{s['trace_id']}").json()["batches"]
-    assert api.get(f"/api/v2/traces/{s['trace_id']}").json()["trace"]["resourceSpans"]
+    assert any_api.get(f"/api/traces/{s['trace_id']}").json()["batches"]
+    assert any_api.get(f"/api/v2/traces/{s['trace_id']}").json()["trace"]["resourceSpans"]
 
 
-def test_trace_by_id_errors(api: httpx.Client) -> None:
+def test_trace_by_id_errors(any_api: httpx.Client) -> None:
     # Grafana retries v1 on a v2 404 and then shows the status and body.
-    assert api.get("/api/v2/traces/" + "0" * 32, headers=PROTOBUF).status_code == 404
-    assert api.get("/api/traces/" + "0" * 32, headers=PROTOBUF).status_code == 404
-    assert api.get("/api/v2/traces/not-hex", headers=PROTOBUF).status_code == 400
+    assert any_api.get("/api/v2/traces/" + "0" * 32, headers=PROTOBUF).status_code == 404
+    assert any_api.get("/api/traces/" + "0" * 32, headers=PROTOBUF).status_code == 404
+    assert any_api.get("/api/v2/traces/not-hex", headers=PROTOBUF).status_code == 400
 
 
 def _search(api: httpx.Client, q: str, **params: Any) -> list[dict[str, Any]]:
@@ -156,26 +156,29 @@ def _summary(api: httpx.Client, trace_id: str) -> dict[str, Any]:
     return api.get(f"/api/v1/requests/{trace_id}").json()
 
 
-def test_search_by_railtraces_tags(api: httpx.Client) -> None:
+def test_search_by_railtraces_tags(any_api: httpx.Client) -> None:
     # As Grafana's search builder writes them: unscoped `.tag="value"`, joined by &&.
-    found = _search(api, '{.railtrace.verdict.flags="tcp_fallback"}', limit=100)
-    expected = api.get("/api/v1/requests", params={"flag": "tcp_fallback", "limit": 100}).json()["items"]
+    found = _search(any_api, '{.railtrace.verdict.flags="tcp_fallback"}', limit=100)
+    expected = any_api.get("/api/v1/requests", params={"flag": "tcp_fallback", "limit": 100}).json()["items"]
     assert [t["traceID"] for t in found] == [s["trace_id"] for s in expected] != []
-    pc = _search(api, '{span.railtrace.verdict.path_class="rdma_cross_rail"}', limit=5)
+    pc = _search(any_api, '{span.railtrace.verdict.path_class="rdma_cross_rail"}', limit=5)
     assert pc and all(
-        _summary(api, t["traceID"])["kv_transfer"]["path_class"] == "rdma_cross_rail" for t in pc
+        _summary(any_api, t["traceID"])["kv_transfer"]["path_class"] == "rdma_cross_rail" for t in pc
     )
     node = expected[0]["decode"]["node"]
-    by_node = _search(api, f'{{.railtrace.verdict.node="{node}"}}', limit=200)
+    by_node = _search(any_api, f'{{.railtrace.verdict.node="{node}"}}', limit=200)
     assert by_node and all(
         node
-        in (_summary(api, t["traceID"])["prefill"]["node"], _summary(api, t["traceID"])["decode"]["node"])
+        in (
+            _summary(any_api, t["traceID"])["prefill"]["node"],
+            _summary(any_api, t["traceID"])["decode"]["node"],
+        )
         for t in by_node
     )
     # Regex over flags (several values picked in the builder): checked on the request.
-    either = _search(api, '{.railtrace.verdict.flags=~"tcp_fallback|cross_rail"}', limit=200)
+    either = _search(any_api, '{.railtrace.verdict.flags=~"tcp_fallback|cross_rail"}', limit=200)
     assert either and all(
-        {"tcp_fallback", "cross_rail"} & {f["name"] for f in _summary(api, t["traceID"])["flags"]}
+        {"tcp_fallback", "cross_rail"} & {f["name"] for f in _summary(any_api, t["traceID"])["flags"]}
         for t in either
     )
     # The verdict shows on the result's root span.
@@ -183,47 +186,49 @@ def test_search_by_railtraces_tags(api: httpx.Client) -> None:
     assert semconv.VERDICT_FLAGS in attrs and semconv.VERDICT_PATH_CLASS in attrs
 
 
-def test_search_by_service_and_duration(api: httpx.Client) -> None:
-    slow = _search(api, '{resource.service.name="vllm-decode" && duration>2s}', limit=50, spss=5)
+def test_search_by_service_and_duration(any_api: httpx.Client) -> None:
+    slow = _search(any_api, '{resource.service.name="vllm-decode" && duration>2s}', limit=50, spss=5)
     assert slow
     for t in slow:
         for sp in t["spanSets"][0]["spans"]:
             assert int(sp["durationNanos"]) > 2e9
             assert {"key": "service.name", "value": {"stringValue": "vllm-decode"}} in sp["attributes"]
-    e2e = sorted(s["e2e_s"] for s in api.get("/api/v1/requests", params={"limit": 1000}).json()["items"])
+    e2e = sorted(s["e2e_s"] for s in any_api.get("/api/v1/requests", params={"limit": 1000}).json()["items"])
     cut_ms = round(e2e[len(e2e) // 2] * 1000)  # the median request's duration
-    fast = _search(api, f"{{traceDuration<{cut_ms}ms}}", limit=200)
+    fast = _search(any_api, f"{{traceDuration<{cut_ms}ms}}", limit=200)
     assert fast and all(t["durationMs"] <= cut_ms for t in fast)
-    rest = _search(api, f"{{traceDuration>={cut_ms}ms}}", limit=200)
+    rest = _search(any_api, f"{{traceDuration>={cut_ms}ms}}", limit=200)
     assert not {t["traceID"] for t in fast} & {t["traceID"] for t in rest}
     assert len(fast) + len(rest) == len(e2e)
-    legacy = api.get("/api/search", params={"minDuration": "5s", "limit": 50}).json()["traces"]
+    legacy = any_api.get("/api/search", params={"minDuration": "5s", "limit": 50}).json()["traces"]
     assert legacy and all(t["durationMs"] >= 5000 for t in legacy)
     # Combined with a flag, and a time range that holds nothing.
-    both = _search(api, '{.railtrace.verdict.flags="tcp_fallback" && duration>1s && status!=error}', limit=50)
+    both = _search(
+        any_api, '{.railtrace.verdict.flags="tcp_fallback" && duration>1s && status!=error}', limit=50
+    )
     assert {t["traceID"] for t in both} <= {
-        t["traceID"] for t in _search(api, '{.railtrace.verdict.flags="tcp_fallback"}', limit=100)
+        t["traceID"] for t in _search(any_api, '{.railtrace.verdict.flags="tcp_fallback"}', limit=100)
     }
-    assert _search(api, "{}", start=1, end=2) == []
-    assert len(_search(api, "{}", limit=3)) == 3
+    assert _search(any_api, "{}", start=1, end=2) == []
+    assert len(_search(any_api, "{}", limit=3)) == 3
 
 
-def test_search_refuses_what_it_cannot_answer(api: httpx.Client) -> None:
+def test_search_refuses_what_it_cannot_answer(any_api: httpx.Client) -> None:
     for q in ('{.a="b" || .c="d"}', "{ .a = }", '{.a="b"} | count() > 2', "{nosuchfield=1}"):
-        resp = api.get("/api/search", params={"q": q})
+        resp = any_api.get("/api/search", params={"q": q})
         assert resp.status_code == 400 and "TraceQL" in resp.json()["detail"], (q, resp.text)
 
 
-def test_tags_and_values(api: httpx.Client) -> None:
-    scopes = {s["name"]: s["tags"] for s in api.get("/api/v2/search/tags").json()["scopes"]}
+def test_tags_and_values(any_api: httpx.Client) -> None:
+    scopes = {s["name"]: s["tags"] for s in any_api.get("/api/v2/search/tags").json()["scopes"]}
     assert semconv.VERDICT_FLAGS in scopes["span"] and "service.name" in scopes["resource"]
-    assert semconv.VERDICT_FLAGS in api.get("/api/search/tags").json()["tagNames"]
-    flags = api.get(f"/api/v2/search/tag/span.{semconv.VERDICT_FLAGS}/values").json()["tagValues"]
+    assert semconv.VERDICT_FLAGS in any_api.get("/api/search/tags").json()["tagNames"]
+    flags = any_api.get(f"/api/v2/search/tag/span.{semconv.VERDICT_FLAGS}/values").json()["tagValues"]
     assert {v["value"] for v in flags} == {f.value for f in FlagName} and flags[0]["type"] == "string"
-    services = api.get("/api/search/tag/service.name/values").json()["tagValues"]
+    services = any_api.get("/api/search/tag/service.name/values").json()["tagValues"]
     assert "vllm-decode" in services or any("decode" in s for s in services)
-    nodes = api.get(f"/api/v2/search/tag/{semconv.VERDICT_NODE}/values").json()["tagValues"]
-    assert len(nodes) == len(api.get("/api/v1/topology").json()["nodes"])
+    nodes = any_api.get(f"/api/v2/search/tag/{semconv.VERDICT_NODE}/values").json()["tagValues"]
+    assert len(nodes) == len(any_api.get("/api/v1/topology").json()["nodes"])
 
 
 def test_connection_test_version_and_token(api: httpx.Client, service: Any) -> None:
@@ -236,7 +241,7 @@ def test_connection_test_version_and_token(api: httpx.Client, service: Any) -> N
 
 
 @pytest.mark.parametrize("accept", ["application/protobuf", "application/json"])
-def test_every_request_opens(api: httpx.Client, accept: str) -> None:
-    items = api.get("/api/v1/requests", params={"limit": 1000}).json()["items"]
+def test_every_request_opens(any_api: httpx.Client, accept: str) -> None:
+    items = any_api.get("/api/v1/requests", params={"limit": 1000}).json()["items"]
     for s in items[:: max(1, len(items) // 10)]:
-        assert api.get(f"/api/v2/traces/{s['trace_id']}", headers={"accept": accept}).status_code == 200
+        assert any_api.get(f"/api/v2/traces/{s['trace_id']}", headers={"accept": accept}).status_code == 200
