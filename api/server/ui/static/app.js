@@ -413,14 +413,17 @@ function waterfallSection(summary, spans, trace) {
   // Stages of the breakdown, end to end from the request's start.
   const startNs = Date.parse(summary.start) * 1e6 + Number((summary.start.match(/\.\d{3}(\d*)/) || [, ""])[1].padEnd(6, "0").slice(0, 6)) * 1;
   let at = isNaN(startNs) ? t0 : Math.max(t0, startNs);
-  const shades = [];
+  const bands = [];
   for (const st of STAGES) {
     const dur = (summary.breakdown_s || {})[st];
     if (!dur) continue;
     const end = at + dur * 1e9;
-    shades.push(h("div", { class: `stage stage-${st}`, style: `left:${x(at)};width:${w(at, end)}`, title: `${st} ${secs(dur)}` }));
+    bands.push([st, dur, at, end]);
     at = end;
   }
+  // The stages shade every row's track, so each span reads against the stage it fell in.
+  const shades = () => bands.map(([st, dur, a, b]) =>
+    h("div", { class: `stage stage-${st}`, style: `left:${x(a)};width:${w(a, b)}`, title: `${st} ${secs(dur)}` }));
   const legend = h("div", { class: "legend" }, STAGES.filter((st) => (summary.breakdown_s || {})[st]).map((st) =>
     h("span", { class: "legenditem" }, h("span", { class: `swatch stage-${st}` }), `${st} ${secs(summary.breakdown_s[st])}`)));
   const rows = order.map(([s, depth]) => {
@@ -435,14 +438,14 @@ function waterfallSection(summary, spans, trace) {
           h("div", { class: "attrs" },
             h("div", {}, `${s.service_name || "?"} · span ${s.span_id} · trace ${s.trace_id}` + (s.role ? ` · role ${s.role}` : "")),
             h("div", {}, `${secs((s.end_ns - s.start_ns) / 1e9)} from +${secs((s.start_ns - t0) / 1e9)}`), attrs))),
-      h("div", { class: "wtrack" }, h("div", { class: `wbar role-${s.role || "other"}`, style: `left:${x(s.start_ns)};width:${w(s.start_ns, s.end_ns)}`, title: `${s.name} ${secs((s.end_ns - s.start_ns) / 1e9)}` })));
+      h("div", { class: "wtrack" }, shades(), h("div", { class: `wbar role-${s.role || "other"}`, style: `left:${x(s.start_ns)};width:${w(s.start_ns, s.end_ns)}`, title: `${s.name} ${secs((s.end_ns - s.start_ns) / 1e9)}` })));
   });
   const traces = traceIds.length > 1
     ? h("p", {}, `Stitched from ${traceIds.length} traces: `, traceIds.map((t, i) => h("span", { class: `tchip t${i % 6}` }, `T${i + 1} ${t}`)))
     : h("p", { class: "muted" }, `trace ${traceIds[0]}`);
   return section(`Spans (${spans.length}) on one time axis — ${secs(span / 1e9)}`, traces, legend,
     h("div", { class: "waterfall", id: "waterfall" },
-      h("div", { class: "wrow axis" }, h("div", { class: "wname" }, "span"), h("div", { class: "wtrack" }, shades)),
+      h("div", { class: "wrow axis" }, h("div", { class: "wname" }, "span"), h("div", { class: "wtrack" }, shades())),
       rows),
     trace.truncated ? h("p", { class: "warn" }, "Only the first spans are shown.") : "");
 }
