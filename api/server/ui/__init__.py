@@ -38,9 +38,9 @@ def create_router() -> APIRouter:
         return Response(shell, media_type=MEDIA[".html"], headers=SHELL_HEADERS)
 
     for path in ("/", "/requests", "/requests/{ident}", "/topology"):
-        router.add_api_route(path, page, methods=["GET"], response_class=Response)
+        router.add_api_route(path, page, methods=["GET", "HEAD"], response_class=Response)
 
-    @router.get("/ui/static/{name}")
+    @router.api_route("/ui/static/{name}", methods=["GET", "HEAD"])
     def asset(name: str) -> Response:
         body = assets.get(name)
         if body is None:
