@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from railtrace.server.ui import request_path
 from railtrace.simulator import scenarios as scen
 from railtrace.simulator.emit import (
     GENERATIONS,
@@ -195,11 +196,9 @@ def _detail(r: SimRequest, summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def _serve_until_interrupted(http_url: str, grpc: str, workdir: Path) -> None:
-    _say(
-        f"railtrace demo: serving until Ctrl-C\n  API      {http_url}/api/v1/requests\n"
-        f"  metrics  {http_url}/metrics\n  OTLP     {http_url}/v1/traces (HTTP), {grpc} (gRPC)\n"
-        f"  files    {workdir}"
-    )
+    # One URL: the fleet page links to everything else (API, metrics and files are in the docs).
+    _say(f"railtrace demo: serving until Ctrl-C (files in {workdir}); open the fleet page:")
+    print(f"{http_url}/", flush=True)
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -391,7 +390,7 @@ def build_report(
             "prefill": (s.get("prefill") or {}).get("pod"),
             "decode": (s.get("decode") or {}).get("pod"),
             "flags": [{"name": f["name"], "evidence": f.get("evidence")} for f in s.get("flags", [])],
-            "url": f"{http_url}/api/v1/requests/{s['trace_id']}",
+            "url": f"{http_url}{request_path(s['trace_id'])}",  # the UI page of the request
         }
         for s in worst
     ]
@@ -424,6 +423,7 @@ def build_report(
         },
         "worst": worst_out,
         "api": f"{http_url}/api/v1/requests",
+        "ui": f"{http_url}/",
         "elapsed_s": round(elapsed_s, 1),
     }
 
@@ -483,5 +483,5 @@ def format_report(rep: dict[str, Any]) -> str:
         for fl in w["flags"]:
             out.append(f"    {fl['name']}: {fl['evidence']}")
         out.append(f"    {w['url']}")
-    out += ["", f"API {rep['api']}   ({rep['elapsed_s']}s)"]
+    out += ["", f"UI {rep['ui']}   ({rep['elapsed_s']}s)"]
     return "\n".join(out)

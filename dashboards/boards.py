@@ -153,7 +153,7 @@ def overview() -> Dashboard:
                 unit="reqps",
                 links=[
                     DashboardLink("railtrace: requests with this flag")
-                    .url(f"{RAILTRACE}/api/v1/requests?flag=${{__field.labels.flag}}&limit=100")
+                    .url(f"{RAILTRACE}/requests?flag=${{__field.labels.flag}}")
                     .target_blank(True)
                 ],
             )
@@ -688,7 +688,7 @@ def contract() -> Dashboard:
                 height=6,
                 links=[
                     DashboardLink("railtrace: contract with evidence")
-                    .url(f"{RAILTRACE}/api/v1/contract")
+                    .url(f"{RAILTRACE}/topology")
                     .target_blank(True)
                 ],
             )

@@ -193,9 +193,9 @@ def dashboard(title: str, uid: str, description: str) -> Dashboard:
             .keep_time(True)
         )
         .link(
-            DashboardLink("railtrace: flagged requests")
+            DashboardLink("railtrace: requests")
             .type(DashboardLinkType.LINK)
-            .url(f"{RAILTRACE}/api/v1/requests?limit=100")
+            .url(f"{RAILTRACE}/requests")
             .target_blank(True)
         )
     )
@@ -219,12 +219,10 @@ def instant_table(expr: str, *, ref: str = "A") -> PromQuery:
 
 
 def request_links(*, flag: str | None = None) -> list[DashboardLink]:
-    """Data links from a series to the matching requests in railtrace's API."""
+    """Data links from a series to the matching requests in railtrace's web UI."""
     query = f"flag={flag}" if flag else "path_class=${__field.labels.path_class}"
     return [
-        DashboardLink("railtrace: these requests")
-        .url(f"{RAILTRACE}/api/v1/requests?{query}&limit=100")
-        .target_blank(True)
+        DashboardLink("railtrace: these requests").url(f"{RAILTRACE}/requests?{query}").target_blank(True)
     ]
 
 
@@ -365,7 +363,7 @@ def traces_table(title: str, description: str, traceql: str, *, width: int = 24,
                     value=[
                         {
                             "title": "railtrace: request and verdict",
-                            "url": f"{RAILTRACE}/api/v1/traces/${{__value.raw}}",
+                            "url": f"{RAILTRACE}/requests/${{__value.raw}}",
                             "targetBlank": True,
                         }
                     ],

@@ -24,6 +24,10 @@ COPIES: tuple[tuple[str, str], ...] = (
     ("collector_config/tier1-loadbalancer.yaml", f"{_COLLECTORS}/tier1-loadbalancer.yaml"),
     ("collector_config/tier2-sampler.yaml", f"{_COLLECTORS}/tier2-sampler.yaml"),
     ("dashboards/generated/prometheusrule.yaml", "deploy/components/prometheusrule/prometheusrule.yaml"),
+    (
+        "dashboards/generated/grafana-datasources.yaml",
+        "deploy/components/grafana-dashboards/datasources/grafana-datasources.yaml",
+    ),
 )
 DASHBOARD_SOURCES = "dashboards/generated"
 DASHBOARD_COMPONENT = COMPONENTS / "grafana-dashboards"
@@ -56,6 +60,18 @@ def dashboard_kustomization(names: list[str]) -> str:
             f"      annotations:\n"
             f"        grafana_folder: llm-d\n"
         )
+    # The datasources (Prometheus with exemplar links; railtrace as a Tempo data source), for the
+    # sidecar's datasource watch (`grafana_datasource: "1"`). Grafana expands ${PROMETHEUS_URL},
+    # ${RAILTRACE_URL} and ${RAILTRACE_API_TOKEN} from its own environment.
+    out.append(
+        "  - name: grafana-datasource-llm-d-tracing\n"
+        "    files:\n"
+        "      - llm-d-tracing-datasources.yaml=datasources/grafana-datasources.yaml\n"
+        "    options:\n"
+        "      disableNameSuffixHash: true\n"
+        "      labels:\n"
+        '        grafana_datasource: "1"\n'
+    )
     return "".join(out)
 
 

@@ -395,6 +395,28 @@ COLLECTOR_REPLICA = _attr(
     "Tier-2 collector replica that computed a span-metrics point (keeps replicas' series apart).",
 )
 
+# -- railtrace's verdict on a request, set on the root span of the traces railtrace serves through
+# its Tempo-compatible query API (Grafana's trace view); never expected from senders ---------
+VERDICT_FLAGS = _attr("railtrace.verdict.flags", "string[]", "Flags railtrace raised on the request.")
+VERDICT_EVIDENCE = _attr(
+    "railtrace.verdict.evidence", "string[]", "Each flag with its evidence, `<flag>: <evidence>`."
+)
+VERDICT_PATH_CLASS = _attr(
+    "railtrace.verdict.path_class",
+    "string",
+    "Path class of the request's KV transfer.",
+    allowed=("nvlink", "shm", "rdma_same_rail", "rdma_cross_rail", "tcp", "unknown"),
+)
+VERDICT_PAIRING_LEVEL = _attr(
+    "railtrace.verdict.pairing_level", "string", "Closest topology level the prefill and decode nodes share."
+)
+VERDICT_NODE = _attr("railtrace.verdict.node", "string[]", "Prefill node, decode node.")
+VERDICT_POD = _attr("railtrace.verdict.pod", "string[]", "Prefill pod, decode pod.")
+VERDICT_TTFT = _attr("railtrace.verdict.ttft", "double", "Time to first token.", unit="s")
+VERDICT_KV_DURATION = _attr("railtrace.verdict.kv_transfer.duration", "double", "KV transfer time.", unit="s")
+VERDICT_REQUEST_ID = _attr("railtrace.verdict.request_id", "string", "The request's id.")
+VERDICT_URL = _attr("railtrace.verdict.url", "string", "The request's page in railtrace's web UI.")
+
 # -- Resource attributes ----------------------------------------------------------------
 RES_SERVICE_NAME = _attr("service.name", "string", "Service name.", origin="otel")
 RES_POD = _attr("k8s.pod.name", "string", "Pod name.", origin="otel")

@@ -12,10 +12,11 @@ from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 
 from railtrace.server import otlp_http
-from railtrace.server.routers import health
+from railtrace.server.routers import health, tempo
 from railtrace.server.routers import v1 as api_v1
 from railtrace.server.runtime import Runtime
 from railtrace.server.security import AccessMiddleware
+from railtrace.server.ui import create_router as ui_router
 from railtrace.settings import Settings
 
 
@@ -85,4 +86,6 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.include_router(otlp_http.router, responses=OTLP_RESPONSES)
     app.include_router(health.router)
     app.include_router(api_v1.router, responses=API_RESPONSES)
+    app.include_router(tempo.router, responses=API_RESPONSES)  # Grafana's Tempo data source
+    app.include_router(ui_router())  # the read-only web UI at `/`; its data comes from /api/v1
     return app

@@ -151,12 +151,15 @@ def test_exemplar_links_reach_trace_store_and_railtrace() -> None:
     dest = doc["datasources"][0]["jsonData"]["exemplarTraceIdDestinations"]
     assert {d["name"] for d in dest} == {semconv.EXEMPLAR_TRACE_ID_LABEL}
     assert {d.get("datasourceUid") for d in dest} >= {build.TEMPO_UID, build.JAEGER_UID}
-    assert any(d.get("url", "").endswith("/api/v1/traces/$${__value.raw}") for d in dest)
+    assert build.RAILTRACE_UID in {d.get("datasourceUid") for d in dest}  # Grafana's trace view
+    assert any(d.get("url", "").endswith("/requests/$${__value.raw}") for d in dest)  # the UI page
+    railtrace = next(d for d in doc["datasources"] if d["uid"] == build.RAILTRACE_UID)
+    assert railtrace["type"] == "tempo" and railtrace["url"] == "${RAILTRACE_URL}"
 
 
-def test_trace_store_panel_links_to_railtrace_api() -> None:
+def test_trace_store_panel_links_to_railtrace_request_page() -> None:
     overview = json.dumps(_load("llm-d-tracing-overview.json"))
-    assert "/api/v1/traces/${__value.raw}" in overview
+    assert "/requests/${__value.raw}" in overview
     assert semconv.KV_TRANSPORT in overview
 
 

@@ -81,7 +81,7 @@ def test_report_names_the_worst_flagged_requests_with_evidence_and_urls(current:
     assert current["worst"]
     for w in current["worst"]:
         assert w["flags"] and all(f["evidence"] for f in w["flags"])
-        assert w["url"].endswith(f"/api/v1/requests/{w['trace_id']}")
+        assert w["url"].endswith(f"/requests/{w['trace_id']}")  # the request's UI page
     text = format_report(current)
     for name in SCENARIOS:
         assert name in text

@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from railtrace.server.deps import RuntimeDep
 from railtrace.server.routers.v1.params import TimeParam, check_range, to_ns
+from railtrace.store.quantiles import MAX_ROWS, ttft_quantiles
 
 router = APIRouter(tags=["stats"])
 
@@ -31,3 +32,17 @@ async def stats(
     check_range(since_ns, until_ns)
     groups = await run_in_threadpool(rt.store.stats, group_by.value, since_ns, until_ns)
     return {"group_by": group_by.value, "since": since, "until": until, "groups": groups}
+
+
+@router.get(
+    "/stats/ttft",
+    summary=f"TTFT p50/p90/p99 per path class and pairing level (newest {MAX_ROWS:,} requests of the window)",
+)
+async def ttft_stats(
+    rt: RuntimeDep,
+    since: Annotated[TimeParam, Query(description="RFC 3339 or unix seconds; inclusive")] = None,
+    until: Annotated[TimeParam, Query(description="RFC 3339 or unix seconds; exclusive")] = None,
+) -> dict[str, Any]:
+    since_ns, until_ns = to_ns(since), to_ns(until)
+    check_range(since_ns, until_ns)
+    return await run_in_threadpool(ttft_quantiles, rt.store, since_ns, until_ns)

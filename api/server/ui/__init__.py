@@ -1,0 +1,50 @@
+"""The read-only web UI: one static page shell and its assets, served from the installed package.
+
+The shell holds no data, so it is served without a token; every figure on a page comes from the
+query API (`/api/v1/...`) through the browser with the same bearer token as any other API client.
+Page URLs are deep links: `/` (fleet overview), `/requests` (with the list's filters as query
+parameters), `/requests/{trace id or request id}`, `/topology`.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Final
+
+from fastapi import APIRouter, HTTPException
+from fastapi.responses import Response
+
+STATIC: Final = resources.files(__package__) / "static"
+MEDIA: Final = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css"}
+ASSETS: Final = ("app.js", "style.css")
+# Pages and assets come with the package: a browser may keep assets an hour; the shell is
+# revalidated so a new version's shell never runs an old script.
+SHELL_HEADERS: Final = {"cache-control": "no-cache", "x-content-type-options": "nosniff"}
+ASSET_HEADERS: Final = {"cache-control": "public, max-age=3600", "x-content-type-options": "nosniff"}
+
+
+def request_path(ident: str) -> str:
+    """The UI page of one request (what exemplars, alerts and reports link to)."""
+    return f"/requests/{ident}"
+
+
+def create_router() -> APIRouter:
+    """Routes for the pages and `/ui/static/<asset>`; read once, answered from memory."""
+    shell = (STATIC / "index.html").read_bytes()
+    assets = {name: (STATIC / name).read_bytes() for name in ASSETS}
+    router = APIRouter(include_in_schema=False)
+
+    def page() -> Response:
+        return Response(shell, media_type=MEDIA[".html"], headers=SHELL_HEADERS)
+
+    for path in ("/", "/requests", "/requests/{ident}", "/topology"):
+        router.add_api_route(path, page, methods=["GET", "HEAD"], response_class=Response)
+
+    @router.api_route("/ui/static/{name}", methods=["GET", "HEAD"])
+    def asset(name: str) -> Response:
+        body = assets.get(name)
+        if body is None:
+            raise HTTPException(404, f"no asset {name!r}")
+        return Response(body, media_type=MEDIA["." + name.rsplit(".", 1)[-1]], headers=ASSET_HEADERS)
+
+    return router
