@@ -505,6 +505,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             attrs[sc.KV_BYTES] = int(nbytes)
         if ndesc is not None:
             attrs[sc.KV_DESCRIPTORS] = int(ndesc)
+        remote_agent = _peer_name(remote_agent)
         engine = _str(remote_agent)
         if scope is not None:
             if scope.request_id:
@@ -517,7 +518,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         if engine is not None and engine != "":
             attrs[sc.KV_REMOTE_ENGINE_ID] = str(engine)
         if remote_agent:
-            attrs[sc.KV_REMOTE_AGENT] = str(remote_agent)
+            attrs[sc.KV_REMOTE_AGENT] = remote_agent
         attrs.update(cached_evidence_attributes(ev))
         if scope is not None and scope.attributes:
             attrs.update(scope.attributes)
