@@ -332,42 +332,50 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
 
         def initialize_xfer(agent: Any, *args: Any, **kwargs: Any) -> Any:
             handle = original(agent, *args, **kwargs)
-            try:
-                if kwargs:
-                    op = kwargs.get("operation", args[0] if args else "")
-                    local = kwargs.get("local_descs", args[1] if len(args) > 1 else None)
-                    remote = kwargs.get("remote_agent", args[3] if len(args) > 3 else None)
-                else:
-                    n = len(args)
-                    op = args[0] if n else ""
-                    local = args[1] if n > 1 else None
-                    remote = args[3] if n > 3 else None
-                # bytes are summed from `local` off the transfer's thread
-                handles[id(handle)] = (handle, getattr(agent, "name", ""), op, None, None, remote, local)
+            # The call as made; read (operation, descriptors, peer) on the emitter, not here.
+            try:  # zero-cost unless it raises: a shim bug never reaches the host
+                handles[id(handle)] = (handle, agent, args, kwargs, False)
             except Exception:
                 logger.debug("railtrace: initialize_xfer", exc_info=True)
             return handle
 
         return initialize_xfer
 
+    def _describe(self, raw: Any) -> _Handle | None:
+        """(handle, agent name, operation, bytes, descriptors, peer, lazy descriptors) of a noted call."""
+        if raw is None or len(raw) != 5:
+            return raw
+        handle, agent, args, kwargs, prepped = raw
+        name = getattr(agent, "name", "")
+        try:
+            if not prepped:
+                op = kwargs.get("operation", args[0] if args else "")
+                local = kwargs.get("local_descs", args[1] if len(args) > 1 else None)
+                remote = kwargs.get("remote_agent", args[3] if len(args) > 3 else None)
+                return (handle, name, op, None, None, remote, local)
+            op = kwargs.get("operation", args[0] if args else "")
+            side = kwargs.get("local_xfer_side", args[1] if len(args) > 1 else None)
+            indices = kwargs.get("local_indices", args[2] if len(args) > 2 else None)
+            rside = kwargs.get("remote_xfer_side", args[3] if len(args) > 3 else None)
+            ndesc = len(indices) if indices is not None else None
+            known = self._dlists.get(id(side))
+            rknown = self._dlists.get(id(rside))
+            remote = rknown[2] if rknown is not None else None
+            lazy = (known[1], indices) if known is not None and indices is not None else None
+            return (handle, name, op, None, ndesc, remote, lazy)
+        except Exception:
+            logger.debug("railtrace: unreadable transfer call", exc_info=True)
+            return (handle, name, "", None, None, None, None)
+
     def _make_make_prepped_xfer(self, original: Any) -> Any:
+        handles = self._handles
+
         def make_prepped_xfer(agent: Any, *args: Any, **kwargs: Any) -> Any:
             handle = original(agent, *args, **kwargs)
-            try:  # O(1) here: bytes are summed on the emitter (or come from NIXL's telemetry)
-                if kwargs:
-                    op = kwargs.get("operation", args[0] if args else "")
-                    side = kwargs.get("local_xfer_side", args[1] if len(args) > 1 else None)
-                    indices = kwargs.get("local_indices", args[2] if len(args) > 2 else None)
-                    rside = kwargs.get("remote_xfer_side", args[3] if len(args) > 3 else None)
-                else:
-                    op, side, indices, rside = args[0], args[1], args[2], args[3]
-                ndesc = len(indices) if indices is not None else None
-                known = self._dlists.get(id(side))
-                rknown = self._dlists.get(id(rside))
-                remote = rknown[2] if rknown is not None else None
-                lazy = (known[1], indices) if known is not None and indices is not None else None
-                name = getattr(agent, "name", "")
-                self._handles[id(handle)] = (handle, name, op, None, ndesc, remote, lazy)
+            # O(1) and nothing read here: the emitter resolves the lists, sums bytes (or takes
+            # NIXL's telemetry). The index arrays are vLLM's per-call objects, kept by reference.
+            try:
+                handles[id(handle)] = (handle, agent, args, kwargs, True)
             except Exception:
                 logger.debug("railtrace: make_prepped_xfer", exc_info=True)
             return handle
@@ -375,7 +383,8 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         return make_prepped_xfer
 
     def _make_transfer(self, original: Any) -> Any:
-        inflight = self._inflight
+        inflight, handles, queue = self._inflight, self._handles, self._queue
+        telemetry_agents = self._telemetry_agents
         scope_var = _SCOPE
         get_current = _context_getter()
 
@@ -393,10 +402,14 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                 scope = scope_var.get()
                 parent = scope.parent if scope is not None else None
                 posted = (start, scope, parent if parent is not None else get_current())
-                if state == "DONE" or state == "ERR":  # small transfers can complete inside the post
-                    self._finish(agent, key, posted, state)
-                else:
+                if state != "DONE" and state != "ERR":
                     inflight[key] = posted
+                elif self._async and self._worker is not None and id(agent) not in telemetry_agents:
+                    # Completed inside the post (cma, small transfers): _finish's work, inlined
+                    # because a call frame is what costs most after the copy has cooled the caches.
+                    queue.append((posted, _time_ns(), state, handles.get(key), None, agent))
+                else:
+                    self._finish(agent, key, posted, state)
             except Exception:
                 logger.debug("railtrace: transfer", exc_info=True)
             return state
@@ -463,10 +476,13 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         """Note completion on the transfer's thread; the span is built once, later, from a snapshot."""
         end = _time_ns()
         info = self._handles.get(key)
-        extra = None
-        if state == "DONE" and id(agent) in self._telemetry_agents:  # the handle must still be live
-            info, extra = self._telemetry(agent, info)
-        item = (posted, end, state, info, extra, agent)
+        tel = None
+        if state == "DONE" and info is not None and id(agent) in self._telemetry_agents:
+            try:  # read while the handle is live; converted on the emitter
+                tel = agent.get_xfer_telemetry(info[0])
+            except Exception:
+                tel = None
+        item = (posted, end, state, info, tel, agent)
         if self._async:
             queue = self._queue
             queue.append(item)
@@ -475,6 +491,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             elif len(queue) >= 256 and not self._wake.is_set():  # else it wakes on its timer, batching
                 self._wake.set()
             return
+        item = self._resolved(item)
         agent_name, op, peer = _ident(item)
         ev = self.capture.evidence(agent_name or None, op or None, peer=peer or None)
         if ev is None and self.capture.configured and self._grace_ns > 0:
@@ -485,7 +502,10 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         self._emit(item, ev)
 
     def _emit(self, item: tuple[Any, ...], ev: Any, tracer: Any = None) -> None:
-        (start, scope, parent), end, state, info, extra, _agent = item
+        (start, scope, parent), end, state, info, tel, _agent = item
+        extra = None
+        if tel is not None:
+            info, extra = _telemetry_fields(tel, info)
         if info is None:
             op = nbytes = ndesc = descs = remote_agent = None
         else:
@@ -547,6 +567,12 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
 
         return provider_for_shims()
 
+    def _resolved(self, item: tuple[Any, ...]) -> tuple[Any, ...]:
+        info = item[3]
+        if info is not None and len(info) == 5:
+            return (*item[:3], self._describe(info), *item[4:])
+        return item
+
     def _ensure_worker(self) -> None:
         if self._worker is None or not self._worker.is_alive():
             with self._lock:
@@ -577,7 +603,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             items = self._waiting
             self._waiting = []
             while queue:
-                items.append(queue.popleft())
+                items.append(self._resolved(queue.popleft()))
             if not items:
                 return len(queue)
             configured = self.capture.configured
@@ -619,25 +645,25 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             time.sleep(0.01)
         return self.flush_deferred(final=True) == 0
 
-    def _telemetry(self, agent: Any, info: _Handle | None) -> tuple[_Handle | None, dict[str, Any]]:
-        """NIXL's own numbers when telemetry is on (bytes, descriptors, post and transfer time)."""
-        extra: dict[str, Any] = {}
-        if info is None:
-            return info, extra
-        handle, name, op, nbytes, ndesc, remote, descs = info
-        try:
-            tel = agent.get_xfer_telemetry(handle)
-            if getattr(tel, "totalBytes", None) is not None:
-                nbytes, descs = int(tel.totalBytes), None
-            if getattr(tel, "descCount", None) is not None:
-                ndesc = int(tel.descCount)
-            if getattr(tel, "postDuration", None) is not None:
-                extra[sc.KV_POST_DURATION_S] = float(tel.postDuration) / 1e6
-            if getattr(tel, "xferDuration", None) is not None:
-                extra[sc.KV_XFER_DURATION_S] = float(tel.xferDuration) / 1e6
-        except Exception:
-            logger.debug("railtrace: no NIXL telemetry", exc_info=True)
-        return (handle, name, op, nbytes, ndesc, remote, descs), extra
+
+def _telemetry_fields(tel: Any, info: _Handle | None) -> tuple[_Handle | None, dict[str, Any]]:
+    """NIXL's own numbers (`get_xfer_telemetry`): bytes, descriptors, post and transfer time."""
+    extra: dict[str, Any] = {}
+    if info is None:
+        return info, extra
+    handle, name, op, nbytes, ndesc, remote, descs = info
+    try:
+        if getattr(tel, "totalBytes", None) is not None:
+            nbytes, descs = int(tel.totalBytes), None
+        if getattr(tel, "descCount", None) is not None:
+            ndesc = int(tel.descCount)
+        if getattr(tel, "postDuration", None) is not None:
+            extra[sc.KV_POST_DURATION_S] = float(tel.postDuration) / 1e6
+        if getattr(tel, "xferDuration", None) is not None:
+            extra[sc.KV_XFER_DURATION_S] = float(tel.xferDuration) / 1e6
+    except Exception:
+        logger.debug("railtrace: unreadable NIXL telemetry", exc_info=True)
+    return (handle, name, op, nbytes, ndesc, remote, descs), extra
 
 
 def _ident(item: tuple[Any, ...]) -> tuple[str, str, str]:
