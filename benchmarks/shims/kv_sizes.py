@@ -28,6 +28,7 @@ from their own thread clocks over the `on` blocks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -79,10 +80,8 @@ def background_cpu() -> int:
     for th in threading.enumerate():
         if th is threading.current_thread() or th.ident is None:
             continue
-        try:
+        with contextlib.suppress(OSError):  # ended meanwhile
             total += time.clock_gettime_ns(time.pthread_getcpuclockid(th.ident))
-        except OSError:
-            pass  # ended meanwhile
     return total
 
 
@@ -157,7 +156,16 @@ def run(transfers: int, block: int, telemetry: bool) -> dict[str, Any]:
                 out = fn(*a)
                 return out, time.thread_time_ns() - t0 - inner[0]  # the wrapper's own CPU
 
-            def one(mode: str, i: int) -> None:
+            def one(  # the loop's objects bound as defaults: this configuration's
+                mode: str,
+                i: int,
+                local: Any = local,
+                remote: Any = remote,
+                idx: Any = idx,
+                cpu: dict[str, list[int]] = cpu,
+                wall: dict[str, list[int]] = wall,
+                polls: dict[str, list[tuple[int, int]]] = polls,
+            ) -> None:
                 with kv_transfer_scope(f"cmpl-bench-{i}-0", remote_engine_id="prefill-0"):
                     h, own = call(agent.make_prepped_xfer, "READ", local, idx, remote, idx)
                     w0 = time.perf_counter_ns()
