@@ -220,7 +220,7 @@ KV_XFER_DURATION_S = _attr(
 KV_VLLM_REQUEST_ID = _attr(
     "llm_d.kv_transfer.vllm.request_id",
     "string",
-    "vLLM's internal request id in the engine (`<public id>-<8 hex>` from vLLM 0.12); "
+    "vLLM's internal request id in the engine (`<public id>-<8 hex>` from vLLM 0.14); "
     "`.request_id` is the public id of the OpenAI response and vLLM's logs.",
 )
 KV_REMOTE_REQUEST_ID = _attr(

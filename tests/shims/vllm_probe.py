@@ -29,7 +29,12 @@ def main(tree: Path) -> dict[str, Any]:
 
     hook.install()  # before vLLM's modules are imported, as the plugin does
     layout = "module" if (tree / Path(*hook.OLD_MODULE.split("."))).with_suffix(".py").exists() else "package"
-    targets = [t for t in hook.TARGETS if t.layout == layout]
+    # Only modules this release has (a missing one would come back as a stub).
+    targets = [
+        t
+        for t in hook.TARGETS
+        if t.layout == layout and (tree / Path(*t.module.split("."))).with_suffix(".py").exists()
+    ]
     out: dict[str, Any] = {"layout": layout, "imported": [], "patched": [], "calls": {}}
     for name in dict.fromkeys(t.module for t in targets):
         mod = importlib.import_module(name)
@@ -46,8 +51,12 @@ def main(tree: Path) -> dict[str, Any]:
         "tp_size": 1,
     }
     for t in targets:
-        cls = getattr(sys.modules[t.module], t.cls)
-        method = getattr(cls, t.method)
+        cls = getattr(sys.modules[t.module], t.cls, None)
+        if cls is None or not hasattr(cls, t.method):
+            continue  # an alternative this release does not have (the metadata API changed)
+        owner = next(c for c in cls.__mro__ if t.method in c.__dict__)
+        method = owner.__dict__[t.method]
+        nested = layout == "package" or hasattr(sys.modules[t.module], "RemoteMeta")  # ReqMeta.remote
         seen: dict[str, Any] = {}
 
         class Probe:
@@ -68,10 +77,13 @@ def main(tree: Path) -> dict[str, Any]:
                 )
                 raise ProbeError(name)
 
-        result: dict[str, Any] = {"wrapped": hasattr(method, "__wrapped__")}
+        result: dict[str, Any] = {
+            "wrapped": hasattr(method, "__wrapped__"),
+            "owner": f"{owner.__module__}.{owner.__name__}.{t.method}",
+        }
         try:
             if t.kind.startswith("worker"):
-                if layout == "module":
+                if not nested:
                     meta = types.SimpleNamespace(
                         remote_engine_id="prefill-engine-7",
                         remote_host="10.0.0.7",
@@ -92,7 +104,7 @@ def main(tree: Path) -> dict[str, Any]:
                         _railtrace_trace_headers=headers,
                     )
                 probe = Probe()
-                bound = cls.__dict__[t.method].__get__(probe, cls)
+                bound = owner.__dict__[t.method].__get__(probe, owner)
                 if t.kind == "worker_push":  # vLLM >= 0.25 posts pushes from its writer thread
                     import threading
 
@@ -114,7 +126,9 @@ def main(tree: Path) -> dict[str, Any]:
                 bound("cmpl-abc-0-1a2b3c4d", meta)
             elif t.kind == "metadata":
                 md = cls()
-                method(md, "cmpl-abc-0-1a2b3c4d", [4, 5, 6], {**params, sc.KV_PARAM_TRACE_HEADERS: headers})
+                getattr(md, t.method)(
+                    "cmpl-abc-0-1a2b3c4d", [4, 5, 6], {**params, sc.KV_PARAM_TRACE_HEADERS: headers}
+                )
                 reqs = md.reqs_to_save if t.method.endswith("save") else md.reqs_to_recv
                 req = reqs["cmpl-abc-0-1a2b3c4d"]
                 result["real_req_meta"] = type(req).__module__
@@ -125,7 +139,7 @@ def main(tree: Path) -> dict[str, Any]:
                 )
                 seen["request"] = request
                 probe = Probe()
-                cls.__dict__[t.method].__get__(probe, cls)(request, [], 0)
+                owner.__dict__[t.method].__get__(probe, owner)(request, [], 0)
         except ProbeError as exc:
             frames = traceback.extract_tb(exc.__traceback__)
             result["raised_in"] = [f.filename for f in frames if f.filename.startswith(str(tree))]

@@ -19,6 +19,54 @@ from pathlib import Path
 
 from railtrace_tracing.kv_transfer.vllm import MATRIX
 
+# Every vLLM release on PyPI in the supported range (`pip index versions vllm`, 0.11.0 - 0.34.0).
+# `--all` fetches them and RAILTRACE_VLLM_MATRIX=all runs the wheel tests on each (about 6 min to
+# download the first time, then seconds).
+ALL_RELEASES = (
+    "0.11.0",
+    "0.11.1",
+    "0.11.2",
+    "0.12.0",
+    "0.13.0",
+    "0.14.0",
+    "0.14.1",
+    "0.15.0",
+    "0.15.1",
+    "0.16.0",
+    "0.17.0",
+    "0.17.1",
+    "0.18.0",
+    "0.18.1",
+    "0.19.0",
+    "0.19.1",
+    "0.20.0",
+    "0.20.1",
+    "0.20.2",
+    "0.21.0",
+    "0.22.0",
+    "0.22.1",
+    "0.23.0",
+    "0.24.0",
+    "0.25.0",
+    "0.25.1",
+    "0.26.0",
+    "0.27.0",
+    "0.27.1",
+    "0.28.0",
+    "0.29.0",
+    "0.30.0",
+    "0.31.0",
+    "0.32.0",
+    "0.33.0",
+    "0.34.0",
+)
+
+
+def versions() -> tuple[str, ...]:
+    """The releases the wheel tests run on: MATRIX, or every release with RAILTRACE_VLLM_MATRIX=all."""
+    return ALL_RELEASES if os.environ.get("RAILTRACE_VLLM_MATRIX", "") == "all" else MATRIX
+
+
 CACHE = Path(os.environ.get("RAILTRACE_CACHE", Path.home() / ".cache" / "railtrace")) / "vllm"
 WANTED = (
     "vllm/distributed/kv_transfer/",
@@ -74,9 +122,10 @@ def fetch(version: str) -> Path:
     return dest
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     CACHE.mkdir(parents=True, exist_ok=True)
-    for version in MATRIX:
+    args = sys.argv[1:] if argv is None else argv
+    for version in ALL_RELEASES if "--all" in args else versions():
         print(f"vLLM {version}: {fetch(version)}", file=sys.stderr)
     return 0
 

@@ -1,15 +1,19 @@
 """vLLM NIXL connector integration: put each KV transfer into its request's own trace.
 
-Supported: vLLM 0.11 to 0.34 (`SUPPORTED`). Two layouts, read from the real wheels (`pip download
---no-deps vllm==X`; tests/shims/test_vllm_wheels.py checks every target below against them):
+Supported: vLLM 0.11.0 to 0.34.0 (`SUPPORTED`). Every release in that range was read from its PyPI
+wheel (`pip download --no-deps vllm==X`); tests/shims/test_vllm_wheels.py checks the releases of
+`MATRIX`, one per layout boundary, against their real source. Three layouts:
 
-- **module** (0.11 - 0.19): `vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py`.
-  `NixlConnectorWorker._read_blocks_for_req(req_id, meta)` posts the pull; `ReqMeta` is flat
-  (`remote_engine_id`, `remote_host`).
-- **package** (0.20 on): `.../v1/nixl/` with pull and push workers.
-  `NixlPullConnectorWorker._read_blocks_for_req(req_id, meta)` posts READs on the engine thread;
-  `NixlPushConnectorWorker._xfer_blocks_for_req(req_id, meta)` posts WRITEs, from 0.25 on the push
-  writer's background thread. `ReqMeta.remote` is a `RemoteMeta(engine_id, host, request_id, …)`.
+- **module** (0.11.0 - 0.19.1): `vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py`.
+  `NixlConnectorWorker._read_blocks_for_req(req_id, meta)` posts the pull. The metadata API is
+  `add_new_req` with a flat `ReqMeta` (`remote_engine_id`, `remote_host`) up to 0.12, then
+  `add_new_req_to_recv` / `add_new_req_to_save` with `ReqMeta.remote = RemoteMeta(...)`.
+- **package** (0.20.0 - 0.23.0): `.../v1/nixl/`: `worker.NixlConnectorWorker`,
+  `connector.NixlConnector`, `metadata.NixlConnectorMetadata`.
+- **package, pull and push** (0.24.0 on): `pull_worker.NixlPullConnectorWorker._read_blocks_for_req`
+  posts READs on the engine thread; `push_worker.NixlPushConnectorWorker._xfer_blocks_for_req`
+  posts WRITEs from the push writer's background thread; `connector.NixlBaseConnector`. The old
+  names remain as aliases (`NixlConnectorWorker = NixlPullConnectorWorker`, …).
 
 Each worker method runs its transfers inside `kv_transfer_scope`, a ContextVar set on the thread
 that posts them, so the push writer's transfers carry their request like the pull's. The
@@ -17,9 +21,10 @@ scheduler side sees the request (`request.trace_headers`, set when vLLM runs wit
 `--otlp-traces-endpoint`): the connector's `update_state_after_alloc` hook copies the W3C headers
 into `kv_transfer_params["trace_headers"]`, and the metadata hook (`add_new_req*`) puts them on
 the worker's `ReqMeta`. Without headers the span joins its request by id: the public id (vLLM's
-response and logs) and vLLM's internal one (`<public>-<8 hex>` since vLLM added the suffix).
+response and logs) and vLLM's internal one (`<public>-<8 hex>` from 0.14).
 
-A vLLM whose layout is not recognised is left untouched and named in one warning.
+A method is wrapped once, on the class that defines it (aliases and subclasses share it). A
+vLLM whose layout is not recognised is left untouched and named in one warning.
 """
 
 from __future__ import annotations
@@ -39,8 +44,9 @@ from railtrace_tracing import semconv as sc
 from railtrace_tracing._common import logger
 from railtrace_tracing.kv_transfer.instrumentor import kv_transfer_scope
 
-SUPPORTED = ("0.11.0", "0.34.0")  # oldest and newest release checked against its wheel
-MATRIX = ("0.11.0", "0.25.1", "0.34.0")  # the releases CI downloads: oldest, middle (push thread), newest
+SUPPORTED = ("0.11.0", "0.34.0")  # oldest and newest release; every release between was read
+# The releases CI checks against their wheels: the oldest, each side of every layout change, the newest.
+MATRIX = ("0.11.0", "0.12.0", "0.13.0", "0.19.1", "0.20.0", "0.23.0", "0.24.0", "0.34.0")
 OLD_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector"
 PACKAGE = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 _ATTR = "_railtrace_trace_headers"
@@ -60,73 +66,94 @@ class Target:
     since: str = ""  # first release that has it (informational; the wheel check proves it)
 
 
+_REQ = ("self", "req_id", "meta")
+_META = ("self", "request_id", "local_block_ids", "kv_transfer_params")
+_ALLOC = ("self", "request", "blocks", "num_external_tokens")
+_M, _P = OLD_MODULE, PACKAGE
+# Alternatives of one kind are for different releases (or aliases of one another): a release has a
+# layout when each required kind has at least one target there.
 TARGETS: tuple[Target, ...] = (
+    Target("module", _M, "NixlConnectorWorker", "_read_blocks_for_req", _REQ, "worker_pull", "0.11.0"),
+    Target("module", _M, "NixlConnectorMetadata", "add_new_req", _META, "metadata", "0.11.0"),
+    Target("module", _M, "NixlConnectorMetadata", "add_new_req_to_recv", _META, "metadata", "0.13.0"),
+    Target("module", _M, "NixlConnectorMetadata", "add_new_req_to_save", _META, "metadata", "0.13.0"),
+    Target("module", _M, "NixlConnector", "update_state_after_alloc", _ALLOC, "scheduler", "0.11.0"),
     Target(
-        "module",
-        OLD_MODULE,
+        "package",
+        _P + ".worker",
         "NixlConnectorWorker",
         "_read_blocks_for_req",
-        ("self", "req_id", "meta"),
+        _REQ,
         "worker_pull",
-    ),
-    Target(
-        "module",
-        OLD_MODULE,
-        "NixlConnectorMetadata",
-        "add_new_req",
-        ("self", "request_id", "local_block_ids", "kv_transfer_params"),
-        "metadata",
-    ),
-    Target(
-        "module",
-        OLD_MODULE,
-        "NixlConnector",
-        "update_state_after_alloc",
-        ("self", "request", "blocks", "num_external_tokens"),
-        "scheduler",
+        "0.20.0",
     ),
     Target(
         "package",
-        PACKAGE + ".pull_worker",
+        _P + ".pull_worker",
         "NixlPullConnectorWorker",
         "_read_blocks_for_req",
-        ("self", "req_id", "meta"),
+        _REQ,
         "worker_pull",
+        "0.24.0",
     ),
     Target(
         "package",
-        PACKAGE + ".push_worker",
+        _P + ".push_worker",
         "NixlPushConnectorWorker",
         "_xfer_blocks_for_req",
-        ("self", "req_id", "meta"),
+        _REQ,
         "worker_push",
+        "0.24.0",
     ),
     Target(
         "package",
-        PACKAGE + ".metadata",
+        _P + ".metadata",
         "NixlConnectorMetadata",
         "add_new_req_to_recv",
-        ("self", "request_id", "local_block_ids", "kv_transfer_params"),
+        _META,
         "metadata",
+        "0.20.0",
     ),
     Target(
         "package",
-        PACKAGE + ".metadata",
+        _P + ".metadata",
         "NixlConnectorMetadata",
         "add_new_req_to_save",
-        ("self", "request_id", "local_block_ids", "kv_transfer_params"),
+        _META,
         "metadata",
+        "0.20.0",
     ),
     Target(
         "package",
-        PACKAGE + ".connector",
+        _P + ".connector",
+        "NixlConnector",
+        "update_state_after_alloc",
+        _ALLOC,
+        "scheduler",
+        "0.20.0",
+    ),
+    Target(
+        "package",
+        _P + ".connector",
         "NixlBaseConnector",
         "update_state_after_alloc",
-        ("self", "request", "blocks", "num_external_tokens"),
+        _ALLOC,
         "scheduler",
+        "0.24.0",
     ),
 )
+REQUIRED_KINDS = ("worker_pull", "metadata", "scheduler")  # worker_push: releases with push mode
 MODULES = tuple(dict.fromkeys(t.module for t in TARGETS))
+
+
+def groups(layout: str) -> dict[str, list[Target]]:
+    """The targets of `layout` by kind: a release has the layout when each kind has a target
+    (the metadata kind has alternatives across releases)."""
+    out: dict[str, list[Target]] = {}
+    for t in TARGETS:
+        if t.layout == layout:
+            out.setdefault(t.kind, []).append(t)
+    return out
 
 
 class _State:
@@ -283,15 +310,21 @@ def check_signature(func: Any, target: Target) -> bool:
 def patch_module(module: Any) -> list[str]:
     """Wrap the targets that live in `module`; returns what was wrapped. A target whose class or
     signature is not what the shim expects is left alone and named in one warning."""
-    done, missing = [], []
+    done: list[str] = []
+    found: dict[str, bool] = {}
+    wanted: dict[str, list[str]] = {}
     for target in TARGETS:
         if target.module != module.__name__:
             continue
+        found.setdefault(target.kind, False)
+        wanted.setdefault(target.kind, []).append(f"{target.cls}.{target.method}")
         cls = getattr(module, target.cls, None)
         func = getattr(cls, target.method, None) if cls is not None else None
         if func is None or not check_signature(func, target):
-            missing.append(f"{target.cls}.{target.method}")
             continue
+        found[target.kind] = True
+        # Wrap where the method is defined: an alias or subclass must not wrap it a second time.
+        cls = next((c for c in cls.__mro__ if target.method in c.__dict__), cls)
         if any(c is cls and m == target.method for c, m in _STATE.patched):
             continue
         try:
@@ -299,7 +332,8 @@ def patch_module(module: Any) -> list[str]:
             _STATE.patched.append((cls, target.method))
             done.append(f"{target.cls}.{target.method}")
         except Exception:
-            missing.append(f"{target.cls}.{target.method}")
+            found[target.kind] = False
+    missing = [" or ".join(wanted[kind]) for kind, ok in found.items() if not ok and kind in REQUIRED_KINDS]
     if missing:
         warn_unknown_layout(f"{module.__name__} lacks {', '.join(missing)}")
     return done
