@@ -104,6 +104,7 @@ def fetch(version: str) -> Path:
                 "download",
                 "--quiet",
                 "--no-deps",
+                "--no-cache-dir",  # the wheel is deleted once extracted: keep no second copy
                 "--only-binary=:all:",
                 f"vllm=={version}",
                 "-d",

@@ -582,16 +582,19 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
 
     def _work(self) -> None:
         """Background emitter: evidence lookup and span creation off the transfer's thread."""
-        idle = 0
+        busy = True
+        last_poll = 0.0
         while True:
-            self._wake.wait(0.05)
+            # Every 50 ms while transfers finish, every 0.5 s when idle (spans keep their own times).
+            self._wake.wait(0.05 if busy else 0.5)
             self._wake.clear()
             try:
-                idle += 1
-                if idle >= 10 and self.capture.configured:  # UCX's warnings reach stderr within ~0.5 s
-                    idle = 0
+                had = bool(self._queue) or bool(self._waiting)
+                now = time.monotonic()
+                if self.capture.configured and now - last_poll >= 0.5:  # UCX's warnings reach stderr
+                    last_poll = now
                     self.capture.poll()
-                self.flush_deferred(final=False)
+                busy = had or self.flush_deferred(final=False) > 0
             except Exception:
                 logger.debug("railtrace: kv emitter", exc_info=True)
 
