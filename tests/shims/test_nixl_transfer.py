@@ -146,3 +146,26 @@ def test_two_peers_of_different_transports_each_span_names_its_own(tmp_path: Pat
     for peer, a in by_peer.items():
         assert a[sc.KV_EVIDENCE_SCOPE] == "peer" and f"peer {peer}" in a[sc.KV_EVIDENCE]
     assert shm[sc.KV_EVIDENCE].split(" cfg#")[1][0] != tcp[sc.KV_EVIDENCE].split(" cfg#")[1][0]
+
+
+def test_a_post_that_raises_ends_its_span_with_the_error(tmp_path: Path) -> None:
+    """Real NIXL: posting a handle whose peer was removed raises from `transfer()`; the
+    exception reaches the caller unchanged and the span ends with its class as the error."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "RAILTRACE_", "NIXL_"))}
+    env.update({"UCX_NET_DEVICES": "lo", "RAILTRACE_UCX_LOG": str(tmp_path / "ucx.%p.log")})
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.shims.nixl_failure"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )
+    out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RTFAIL "))[7:])
+    assert out["raised"] == "nixlNotFoundError"
+    [span] = kv_spans(out)
+    a = span["attributes"]
+    assert span["status"] == "ERROR" and a[sc.ERROR_TYPE] == "nixlNotFoundError"
+    assert a[sc.KV_REQUEST_ID] == "cmpl-fail-0" and a[sc.KV_REMOTE_ENGINE_ID] == "prefill-gone"
+    assert a[sc.KV_OPERATION] == "read"
