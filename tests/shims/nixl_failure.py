@@ -2,7 +2,8 @@
 
 The initiator prepares a READ from a target process, the target exits, the initiator removes the
 peer (`remove_remote_agent`, as vLLM does when a prefill instance goes away), then posts the
-stale handle: NIXL 1.5.1 raises `nixlNotFoundError` from `transfer()`. Prints `RTFAIL <json>` with the exception and spans.
+stale handle: NIXL 1.5.1 raises `nixlNotFoundError` from `transfer()`.
+Prints `RTFAIL <json>` with the exception and spans.
 """
 
 from __future__ import annotations
