@@ -231,3 +231,24 @@ def test_prepped_bytes_are_not_summed_on_the_posting_thread(traced: Any, monkeyp
     assert span.attributes[sc.KV_BYTES] == 64 << 17 and span.attributes[sc.KV_DESCRIPTORS] == 1 << 17
     assert span.attributes[sc.KV_REMOTE_AGENT] == "prefill-agent"
     assert mod._prepped_bytes.__name__ == "<lambda>"
+
+
+def test_telemetry_read_on_the_posting_thread_and_converted_by_the_emitter(
+    traced: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NIXL_TELEMETRY_ENABLE", "y")
+    inst, cls = _start(traced)  # background emitter (the default)
+    agent = cls("dec-0")
+    h = agent.initialize_xfer("READ", [(0, 10, 0)], [(0, 10, 0)], "peer")
+    agent.transfer(h)  # starts the emitter; the next completions take the inlined path
+    assert inst.force_flush()
+    for script in (["DONE"], ["PROC", "DONE"]):  # completed inside the post, and after a poll
+        agent.script = list(script)
+        h = agent.initialize_xfer("READ", [(0, 10, 0)], [(0, 10, 0)], "peer")
+        if agent.transfer(h) == "PROC":
+            assert agent.check_xfer_state(h) == "DONE"
+        agent.release_xfer_handle(h)
+    spans = _spans(inst, traced[1])
+    assert len(spans) == 3
+    for span in spans:
+        assert span.attributes[sc.KV_BYTES] == 4096 and span.attributes[sc.KV_XFER_DURATION_S] == 250e-6

@@ -39,7 +39,7 @@ def main(tree: Path) -> dict[str, Any]:
     for name in dict.fromkeys(t.module for t in targets):
         mod = importlib.import_module(name)
         out["imported"].append([name, str(getattr(mod, "__file__", ""))])
-    out["patched"] = sorted(f"{c.__module__}.{c.__name__}.{m}" for c, m in hook._STATE.patched)
+    out["patched"] = sorted(f"{c.__module__}.{c.__name__}.{m}" for c, m, _ in hook._STATE.patched)
 
     headers = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
     params = {
@@ -64,6 +64,8 @@ def main(tree: Path) -> dict[str, Any]:
 
             def __getattr__(self, name: str, seen: dict[str, Any] = seen) -> Any:
                 scope = instrumentor._SCOPE.get()
+                if scope is not None and hasattr(scope, "resolve"):
+                    scope = scope.resolve()  # what the emitter will read for the span
                 seen["scope"] = (
                     None
                     if scope is None

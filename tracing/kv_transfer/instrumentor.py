@@ -68,9 +68,7 @@ class TransferScope:
     attributes: dict[str, Any] = field(default_factory=dict)
 
 
-_SCOPE: contextvars.ContextVar[TransferScope | None] = contextvars.ContextVar(
-    "railtrace_kv_scope", default=None
-)
+_SCOPE: contextvars.ContextVar[Any] = contextvars.ContextVar("railtrace_kv_scope", default=None)
 
 
 class _ScopeBlock:
@@ -399,15 +397,19 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                 key = id(args[0] if args else kwargs.get("handle"))
                 if key in inflight:  # re-post of the same handle: the previous transfer is over
                     self._finish(agent, key, inflight.pop(key), None)
-                scope = scope_var.get()
-                parent = scope.parent if scope is not None else None
-                posted = (start, scope, parent if parent is not None else get_current())
+                # The scope's own parent (from trace headers) is resolved on the emitter.
+                posted = (start, scope_var.get(), get_current())
                 if state != "DONE" and state != "ERR":
                     inflight[key] = posted
-                elif self._async and self._worker is not None and id(agent) not in telemetry_agents:
+                elif self._async and self._worker is not None:
                     # Completed inside the post (cma, small transfers): _finish's work, inlined
                     # because a call frame is what costs most after the copy has cooled the caches.
-                    queue.append((posted, _time_ns(), state, handles.get(key), None, agent))
+                    end = _time_ns()
+                    info = handles.get(key)
+                    tel = None
+                    if state == "DONE" and info is not None and id(agent) in telemetry_agents:
+                        tel = _read_telemetry(agent, info[0])
+                    queue.append((posted, end, state, info, tel, agent))
                 else:
                     self._finish(agent, key, posted, state)
             except Exception:
@@ -417,7 +419,8 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         return transfer
 
     def _make_check_xfer_state(self, original: Any) -> Any:
-        inflight = self._inflight
+        inflight, handles, queue = self._inflight, self._handles, self._queue
+        telemetry_agents = self._telemetry_agents
 
         def check_xfer_state(agent: Any, *args: Any, **kwargs: Any) -> Any:
             try:
@@ -435,7 +438,16 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                 try:
                     key = id(args[0] if args else kwargs.get("handle"))
                     posted = inflight.pop(key, None)
-                    if posted is not None:
+                    if posted is None:
+                        pass
+                    elif self._async and self._worker is not None:  # _finish, inlined (see transfer)
+                        end = _time_ns()
+                        info = handles.get(key)
+                        tel = None
+                        if state == "DONE" and info is not None and id(agent) in telemetry_agents:
+                            tel = _read_telemetry(agent, info[0])
+                        queue.append((posted, end, state, info, tel, agent))
+                    else:
                         self._finish(agent, key, posted, state)
                 except Exception:
                     logger.debug("railtrace: check_xfer_state", exc_info=True)
@@ -465,8 +477,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             key = id(args[0] if args else kwargs.get("handle"))
             self._inflight.pop(key, None)
             scope = _SCOPE.get()
-            parent = scope.parent if scope is not None else None
-            posted = (start, scope, parent if parent is not None else otel_context.get_current())
+            posted = (start, scope, otel_context.get_current())
             self._finish(agent, key, posted, _EXC + type(exc).__name__)
         except Exception:
             logger.debug("railtrace: failed transfer", exc_info=True)
@@ -478,10 +489,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         info = self._handles.get(key)
         tel = None
         if state == "DONE" and info is not None and id(agent) in self._telemetry_agents:
-            try:  # read while the handle is live; converted on the emitter
-                tel = agent.get_xfer_telemetry(info[0])
-            except Exception:
-                tel = None
+            tel = _read_telemetry(agent, info[0])
         item = (posted, end, state, info, tel, agent)
         if self._async:
             queue = self._queue
@@ -503,6 +511,10 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
 
     def _emit(self, item: tuple[Any, ...], ev: Any, tracer: Any = None) -> None:
         (start, scope, parent), end, state, info, tel, _agent = item
+        if scope is not None and type(scope) is not TransferScope:
+            scope = scope.resolve()  # a lazy scope (the vLLM hook): built here, off the host's thread
+        if scope is not None and scope.parent is not None:
+            parent = scope.parent
         extra = None
         if tel is not None:
             info, extra = _telemetry_fields(tel, info)
@@ -647,6 +659,21 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                 return True
             time.sleep(0.01)
         return self.flush_deferred(final=True) == 0
+
+
+def _read_telemetry(agent: Any, handle: Any) -> Any:
+    """NIXL's telemetry of a finished transfer, read while the handle is live (converted later, on
+    the emitter). The binding is called directly: `nixl_agent.get_xfer_telemetry` only forwards."""
+    try:
+        return agent.agent.getXferTelemetry(handle._handle)
+    except AttributeError:
+        pass
+    except Exception:
+        return None
+    try:
+        return agent.get_xfer_telemetry(handle)
+    except Exception:
+        return None
 
 
 def _telemetry_fields(tel: Any, info: _Handle | None) -> tuple[_Handle | None, dict[str, Any]]:

@@ -38,11 +38,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import wrapt
-from opentelemetry.instrumentation.utils import unwrap
 
 from railtrace_tracing import semconv as sc
 from railtrace_tracing._common import logger
-from railtrace_tracing.kv_transfer.instrumentor import kv_transfer_scope
+from railtrace_tracing.kv_transfer.instrumentor import _SCOPE, TransferScope, kv_transfer_scope
 
 SUPPORTED = ("0.11.0", "0.34.0")  # oldest and newest release; every release between was read
 # The releases CI checks against their wheels: the oldest, each side of every layout change, the newest.
@@ -161,7 +160,7 @@ class _State:
 
     def __init__(self) -> None:
         self.installed = False
-        self.patched: list[tuple[Any, str]] = []
+        self.patched: list[tuple[Any, str, Any]] = []  # (class, method, what was there before)
         self.warned = False
         self.strip_suffix: bool | None = None
 
@@ -246,19 +245,51 @@ def _scope_for(instance: Any, req_id: Any, meta: Any, mode: str) -> Any:
     return scope
 
 
-def _worker(mode: str) -> Any:
-    def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        try:
-            req_id = kwargs.get("req_id", args[0] if args else None)
-            meta = kwargs.get("meta", args[1] if len(args) > 1 else None)
-            scope = _scope_for(instance, req_id, meta, mode)
-        except Exception:
-            logger.debug("railtrace vllm: no scope", exc_info=True)
-            return wrapped(*args, **kwargs)
-        with scope:
-            return wrapped(*args, **kwargs)
+class _LazyScope:
+    """The request of the transfers posted inside a worker method, noted by reference on vLLM's
+    thread and turned into a `TransferScope` (ids, peer, trace context) on the shim's emitter."""
 
-    return wrapper
+    __slots__ = ("_done", "args", "instance", "kwargs", "mode")
+
+    def __init__(self, instance: Any, args: Any, kwargs: Any, mode: str) -> None:
+        self.instance, self.args, self.kwargs, self.mode = instance, args, kwargs, mode
+        self._done: TransferScope | None = None
+
+    def resolve(self) -> TransferScope:
+        if self._done is None:
+            args, kwargs = self.args, self.kwargs
+            try:
+                req_id = kwargs.get("req_id", args[0] if args else None)
+                meta = kwargs.get("meta", args[1] if len(args) > 1 else None)
+                self._done = _scope_for(self.instance, req_id, meta, self.mode).scope
+            except Exception:
+                logger.debug("railtrace vllm: request not readable", exc_info=True)
+                self._done = TransferScope(attributes={sc.KV_MODE: self.mode})
+        return self._done
+
+
+def _worker(mode: str) -> Any:
+    """Patch maker for a worker method: the patch sets the request for the transfers the method
+    posts (on this thread, so the push writer's thread carries its own) and reads nothing of vLLM's
+    objects here. A plain function, not a wrapt proxy: this runs per request on the engine thread."""
+    scope_var = _SCOPE
+
+    def make(original: Any) -> Any:
+        def patched(self: Any, *args: Any, **kwargs: Any) -> Any:
+            token = scope_var.set(_LazyScope(self, args, kwargs, mode))
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                scope_var.reset(token)
+
+        patched.__wrapped__ = original  # type: ignore[attr-defined]
+        patched.__name__ = getattr(original, "__name__", "patched")
+        patched.__qualname__ = getattr(original, "__qualname__", patched.__name__)
+        patched.__doc__ = getattr(original, "__doc__", None)
+        return patched
+
+    make.plain = True  # type: ignore[attr-defined]
+    return make
 
 
 def _add_new_req(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -325,11 +356,16 @@ def patch_module(module: Any) -> list[str]:
         found[target.kind] = True
         # Wrap where the method is defined: an alias or subclass must not wrap it a second time.
         cls = next((c for c in cls.__mro__ if target.method in c.__dict__), cls)
-        if any(c is cls and m == target.method for c, m in _STATE.patched):
+        if any(c is cls and m == target.method for c, m, _ in _STATE.patched):
             continue
         try:
-            wrapt.wrap_function_wrapper(cls, target.method, _WRAPPERS[target.kind])
-            _STATE.patched.append((cls, target.method))
+            wrapper = _WRAPPERS[target.kind]
+            original = cls.__dict__[target.method]
+            if getattr(wrapper, "plain", False):
+                setattr(cls, target.method, wrapper(original))
+            else:
+                wrapt.wrap_function_wrapper(cls, target.method, wrapper)
+            _STATE.patched.append((cls, target.method, original))
             done.append(f"{target.cls}.{target.method}")
         except Exception:
             found[target.kind] = False
@@ -379,9 +415,9 @@ def install() -> None:
 
 def uninstall() -> None:
     _STATE.installed = False
-    for cls, meth in _STATE.patched:
+    for cls, meth, original in _STATE.patched:
         with contextlib.suppress(Exception):
-            unwrap(cls, meth)
+            setattr(cls, meth, original)
     _STATE.patched.clear()
     _STATE.warned = False
 
