@@ -252,3 +252,19 @@ def test_telemetry_read_on_the_posting_thread_and_converted_by_the_emitter(
     assert len(spans) == 3
     for span in spans:
         assert span.attributes[sc.KV_BYTES] == 4096 and span.attributes[sc.KV_XFER_DURATION_S] == 250e-6
+
+
+def test_the_emitter_emits_on_its_own_without_force_flush(traced: Any) -> None:
+    """Spans reach the exporter from the background emitter alone (busy and after idling)."""
+    import time
+
+    inst, cls = _start(traced)
+    agent = cls("dec-0")
+    for round_ in range(2):  # the second round starts from the emitter's idle pace
+        agent.script = ["DONE"]
+        agent.transfer(agent.initialize_xfer("READ", [(0, 8, 0)], [(0, 8, 0)], "p"))
+        deadline = time.monotonic() + 5
+        while len(traced[1].get_finished_spans()) <= round_ and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(traced[1].get_finished_spans()) == round_ + 1
+        time.sleep(0.2)

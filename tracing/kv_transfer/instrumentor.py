@@ -606,7 +606,8 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                 if self.capture.configured and now - last_poll >= 0.5:  # UCX's warnings reach stderr
                     last_poll = now
                     self.capture.poll()
-                busy = had or self.flush_deferred(final=False) > 0
+                left = self.flush_deferred(final=False)
+                busy = had or left > 0
             except Exception:
                 logger.debug("railtrace: kv emitter", exc_info=True)
 
