@@ -258,7 +258,7 @@ def test_the_emitter_emits_on_its_own_without_force_flush(traced: Any) -> None:
     """Spans reach the exporter from the background emitter alone (busy and after idling)."""
     import time
 
-    inst, cls = _start(traced)
+    _inst, cls = _start(traced)
     agent = cls("dec-0")
     for round_ in range(2):  # the second round starts from the emitter's idle pace
         agent.script = ["DONE"]
