@@ -195,3 +195,25 @@ def test_vllm_plugin_loader_is_inert_until_enabled(version: str, enabled: bool) 
     else:  # import hooks only: nixl and the connector are patched when vLLM imports them
         assert out["instrumented"] is True
         assert set(hook.MODULES) <= set(out["hooks_added"]) and "nixl_cu12._api" in out["hooks_added"]
+
+
+def test_nixl_agent_in_a_vllm_process_with_nothing_hooked_warns_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A future vLLM that moved its connector elsewhere: no watched module is ever imported, so
+    the first NIXL agent is where the shim notices, and says which vLLM it is."""
+    fake_vllm = types.ModuleType("vllm")
+    fake_vllm.__version__ = "0.99.1"  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm)
+    for name in hook.MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    hook.uninstall()
+    hook.install()
+    try:
+        caplog.set_level(logging.WARNING, logger="railtrace_tracing")
+        hook.check_layout_used()
+        hook.check_layout_used()
+        [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert "vLLM 0.99.1" in warning.getMessage() and "was imported" in warning.getMessage()
+    finally:
+        hook.uninstall()
