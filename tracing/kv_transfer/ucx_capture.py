@@ -152,7 +152,22 @@ class UcxLogCapture:
                 if cached is not None:
                     return cached
                 windows = self._peers.get((context or "", peer)) if peer else None
-                ev = self._parser.result.select(context, operation, windows=windows, peer=peer)
+                # Peers connected at the same time (vLLM handshakes on several threads) share a
+                # window: an endpoint first printed where another peer's window also lies is
+                # nobody's for certain.
+                others = (
+                    [
+                        w
+                        for (ctx, p), ws in self._peers.items()
+                        if ctx == (context or "") and p != peer
+                        for w in ws
+                    ]
+                    if windows
+                    else None
+                )
+                ev = self._parser.result.select(
+                    context, operation, windows=windows, peer=peer, exclude=others
+                )
                 if ev is not None:
                     self._cache[key] = ev
                 return ev

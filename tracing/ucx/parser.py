@@ -304,20 +304,24 @@ class UcxLog:
         operation: str | None = None,
         windows: list[tuple[int, int]] | None = None,
         peer: str | None = None,
+        exclude: list[tuple[int, int]] | None = None,
     ) -> Evidence | None:
         """The evidence for a transfer by `context` to `peer` doing `operation`.
 
         `windows` are the log byte ranges in which UCX printed the endpoint configuration to that
         peer (while NIXL connected to it): an endpoint first named there is the peer's own, and its
-        evidence carries `peer`. Otherwise the newest matching endpoint of the process is used and
-        the evidence says it is the process's configuration, not a fact about this transfer.
+        evidence carries `peer`, unless it also lies in a window of another peer in `exclude`
+        (connected at the same time). Otherwise the newest matching endpoint of the process is used
+        and the evidence says it is the process's configuration, not a fact about this transfer.
 
         A NIXL agent name is the UCX context name from UCX 1.23; older NIXL printed
         `ucp_context_0`, so when no endpoint carries the agent's name and the log holds a single
         context, that context is used. Nothing matching → None (the caller reports `unknown`).
         """
         if windows:
-            own = self._peer_evidence(context, operation, windows)
+            known, own = self._peer_evidence(context, operation, windows, exclude or [])
+            if known and own is None:
+                return None  # the peer's endpoint is known; UCX prints its table on first use
             if own is not None:
                 own.peer = peer or ""
                 own.evidence = f"{own.evidence} (endpoint to peer {peer})" if peer else own.evidence
@@ -328,15 +332,22 @@ class UcxLog:
         return ev
 
     def _peer_evidence(
-        self, context: str | None, operation: str | None, windows: list[tuple[int, int]]
-    ) -> Evidence | None:
+        self,
+        context: str | None,
+        operation: str | None,
+        windows: list[tuple[int, int]],
+        exclude: list[tuple[int, int]],
+    ) -> tuple[bool, Evidence | None]:
+        """(whether the peer's own endpoint is known, its evidence for `operation` if printed yet)."""
         keys = {
             (ep.process, ep.context, ep.cfg, ep.scope)
             for ep in self.data_endpoints()
-            if ep.offset >= 0 and any(s <= ep.offset < e for s, e in windows)
+            if ep.offset >= 0
+            and any(s <= ep.offset < e for s, e in windows)
+            and not any(s <= ep.offset < e for s, e in exclude)
         }
         if not keys:
-            return None
+            return False, None
         evs = [e for e in self.evidence(None, operation) if (e.process, e.context, e.cfg, e.scope) in keys]
         if not evs and operation in ("read", "write"):
             evs = [
@@ -344,12 +355,14 @@ class UcxLog:
                 for e in self.evidence(None, None)
                 if e.operation == "rma" and (e.process, e.context, e.cfg, e.scope) in keys
             ]
+        if any(ep.tables for ep in self.endpoints):
+            # This UCX prints protocol tables (on an operation's first use): a lane line alone
+            # is not the data path (it can name a control lane), so wait for the table.
+            evs = [e for e in evs if e.source == "proto_info"]
         if not evs:
-            # The endpoint to this peer is known but UCX has not printed its table for the operation
-            # yet (it does on first use): None lets the caller wait for it.
-            return None
+            return True, None
         evs.sort(key=lambda e: (e.source == "proto_info", self._order(e)))
-        return replace(evs[-1])
+        return True, replace(evs[-1])
 
     def _select_process(self, context: str | None, operation: str | None) -> Evidence | None:
         evs = self.evidence(context, operation)
