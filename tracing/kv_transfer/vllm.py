@@ -435,4 +435,6 @@ def register() -> None:
         return
     from railtrace_tracing.kv_transfer.instrumentor import NixlKVTransferInstrumentor
 
-    NixlKVTransferInstrumentor().instrument(from_plugin=True)
+    inst = NixlKVTransferInstrumentor()
+    if not inst.is_instrumented_by_opentelemetry:  # opentelemetry-instrument may have done it
+        inst.instrument(from_plugin=True)
