@@ -1,6 +1,7 @@
 """Maps the top-level folders onto import names that cannot clash in a user's process.
 
-`api/` is imported as `railtrace` and `tracing/` as `railtrace_tracing`: a bare `api` or
+`api/` is imported as `railtrace` and `tracing/` as `railtrace_tracing` (the latter is built by
+tracing/pyproject.toml as the `railtrace-shims` distribution): a bare `api` or
 `tracing` package would shadow (or be shadowed by) modules of the same name inside vLLM,
 a gateway or any other host application the shims are loaded into.
 
@@ -10,7 +11,8 @@ service takes the same code paths in Python (slower).
 
 from setuptools import Extension, find_packages, setup
 
-FOLDERS = {"railtrace": "api", "railtrace_tracing": "tracing"}
+# `railtrace_tracing` (tracing/) is its own distribution, railtrace-shims (tracing/pyproject.toml).
+FOLDERS = {"railtrace": "api"}
 
 
 def _packages() -> list[str]:

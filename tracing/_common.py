@@ -166,11 +166,14 @@ class GatedInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     `instrument()`/`uninstrument()` never raise into the host application."""
 
     shim_name = ""
+    shim_aliases: frozenset[str] = frozenset()  # other `RAILTRACE_SHIMS` words that enable it
 
     def instrument(self, **kwargs: Any) -> Any:
         # opentelemetry-instrument passes skip_dep_check=True; explicit callers normally don't.
-        if kwargs.get("skip_dep_check") and not kwargs.get("force") and not shim_enabled(self.shim_name):
-            return None
+        if kwargs.get("skip_dep_check") and not kwargs.get("force"):
+            names = {self.shim_name} | set(self.shim_aliases)
+            if not (enabled_shims() & names):
+                return None
         try:
             return super().instrument(**kwargs)
         except Exception:

@@ -174,9 +174,7 @@ def _attr(key: str, type_: str, description: str, **kw: object) -> str:
 SPAN_KV_TRANSFER = "llm_d.kv_transfer"
 
 KV_REQUEST_ID = _attr("llm_d.kv_transfer.request_id", "string", "Request id the transfer serves.")
-KV_OPERATION = _attr(
-    "llm_d.kv_transfer.operation", "string", "NIXL operation.", allowed=("read", "write")
-)
+KV_OPERATION = _attr("llm_d.kv_transfer.operation", "string", "NIXL operation.", allowed=("read", "write"))
 KV_CONNECTOR = _attr("llm_d.kv_transfer.connector", "string", "KV connector, e.g. `nixl`.")
 KV_BACKEND = _attr("llm_d.kv_transfer.backend", "string", "Connector backend, e.g. `UCX`.")
 KV_BYTES = _attr("llm_d.kv_transfer.bytes", "int", "Bytes moved.", unit="By")
@@ -210,9 +208,7 @@ KV_SPLIT = _attr(
 KV_POST_DURATION_S = _attr(
     "llm_d.kv_transfer.post_duration_s", "double", "NIXL post time (telemetry).", unit="s"
 )
-KV_WARNINGS = _attr(
-    "llm_d.kv_transfer.warnings", "string[]", "UCX/NIXL warnings seen for this endpoint."
-)
+KV_WARNINGS = _attr("llm_d.kv_transfer.warnings", "string[]", "UCX/NIXL warnings seen for this endpoint.")
 KV_PROTOCOL = _attr(
     "llm_d.kv_transfer.protocol",
     "string",
@@ -221,11 +217,37 @@ KV_PROTOCOL = _attr(
 KV_XFER_DURATION_S = _attr(
     "llm_d.kv_transfer.xfer_duration_s", "double", "NIXL transfer time (telemetry).", unit="s"
 )
+KV_VLLM_REQUEST_ID = _attr(
+    "llm_d.kv_transfer.vllm.request_id",
+    "string",
+    "vLLM's internal request id in the engine (`<public id>-<8 hex>` from vLLM 0.14); "
+    "`.request_id` is the public id of the OpenAI response and vLLM's logs.",
+)
+KV_REMOTE_REQUEST_ID = _attr(
+    "llm_d.kv_transfer.remote.request_id",
+    "string",
+    "The peer engine's request id for the same request (vLLM `remote_request_id`).",
+)
+KV_REMOTE_AGENT = _attr("llm_d.kv_transfer.remote.agent", "string", "NIXL agent name of the peer.")
+KV_EVIDENCE_SCOPE = _attr(
+    "llm_d.kv_transfer.evidence_scope",
+    "string",
+    "What `.transport` describes: `peer` (the UCX endpoint to this transfer's peer) or `process` "
+    "(only the process's UCX configuration is known; not a per-transfer fact).",
+    allowed=("peer", "process"),
+)
+KV_MODE = _attr(
+    "llm_d.kv_transfer.mode",
+    "string",
+    "vLLM NIXL connector mode: `pull` (decode reads) or `push` (prefill writes).",
+    allowed=("pull", "push"),
+)
 # Keys of vLLM's per-request `kv_transfer_params` (llm-d P/D contract) the shims read.
 KV_PARAM_REMOTE_ENGINE_ID = "remote_engine_id"
 KV_PARAM_REMOTE_HOST = "remote_host"
 KV_PARAM_REMOTE_PORT = "remote_port"
 KV_PARAM_TRACE_HEADERS = "trace_headers"  # railtrace extension: W3C headers of the request
+KV_PARAM_REMOTE_REQUEST_ID = "remote_request_id"
 
 # -- Router scoring shim: the full candidate list ----------------------------------------
 ROUTER_PROFILE = _attr(
@@ -254,9 +276,7 @@ ROUTER_CANDIDATE_PODS = _attr("llm_d.router.candidate.pods", "string[]", "Per ca
 LLM_D_ROLE = _attr("llm_d.role", "string", "Role of an engine process.", allowed=("prefill", "decode"))
 
 # -- llm-d EPP / router (read, not emitted by railtrace except through the shims) ---------
-EPP_PROFILE_NAME = _attr(
-    "llm_d.epp.scheduling.profile.name", "string", "Scheduling profile.", origin="llm-d"
-)
+EPP_PROFILE_NAME = _attr("llm_d.epp.scheduling.profile.name", "string", "Scheduling profile.", origin="llm-d")
 EPP_DECISION = _attr("llm_d.epp.profile_handler.decision", "string", "P/D decision.", origin="llm-d")
 EPP_DECISION_LEGACY = _attr(
     "llm_d.profile_handler.decision", "string", "P/D decision (<= v0.8.0).", origin="llm-d"
@@ -264,9 +284,7 @@ EPP_DECISION_LEGACY = _attr(
 EPP_PICKER_TOP_ENDPOINTS = _attr(
     "llm_d.epp.picker.top_endpoints", "string[]", "Top endpoints of the picker.", origin="llm-d"
 )
-EPP_PICKER_TOP_SCORES = _attr(
-    "llm_d.epp.picker.top_scores", "double[]", "Their scores.", origin="llm-d"
-)
+EPP_PICKER_TOP_SCORES = _attr("llm_d.epp.picker.top_scores", "double[]", "Their scores.", origin="llm-d")
 EPP_PICKER_CANDIDATES = _attr(
     "llm_d.epp.picker.candidate_endpoints", "int", "Candidates at the picker.", origin="llm-d"
 )
@@ -333,9 +351,7 @@ PD_TRUE_TTFT_MS = _attr(
 PD_COORDINATOR_OVERHEAD_MS = _attr(
     "llm_d.pd_proxy.coordinator_overhead_ms", "double", "Sidecar overhead.", origin="llm-d", unit="ms"
 )
-PD_PREFILL_STATUS = _attr(
-    "llm_d.pd_proxy.prefill.status_code", "int", "Prefill HTTP status.", origin="llm-d"
-)
+PD_PREFILL_STATUS = _attr("llm_d.pd_proxy.prefill.status_code", "int", "Prefill HTTP status.", origin="llm-d")
 PD_DECODE_STREAMING = _attr("llm_d.pd_proxy.decode.streaming", "boolean", "Streaming.", origin="llm-d")
 PD_KV_CONNECTOR = _attr("llm_d.pd_proxy.kv_connector", "string", "KV connector.", origin="llm-d")
 PD_REQUEST_PATH = _attr("llm_d.pd_proxy.request_path", "string", "Proxied request path.", origin="llm-d")
@@ -344,9 +360,7 @@ PD_DISAGG_USED = _attr(
 )
 
 # -- vLLM llm_request --------------------------------------------------------------------
-VLLM_TTFT = _attr(
-    "gen_ai.latency.time_to_first_token", "double", "Engine TTFT.", origin="vllm", unit="s"
-)
+VLLM_TTFT = _attr("gen_ai.latency.time_to_first_token", "double", "Engine TTFT.", origin="vllm", unit="s")
 VLLM_E2E = _attr("gen_ai.latency.e2e", "double", "Engine end to end.", origin="vllm", unit="s")
 VLLM_QUEUE = _attr("gen_ai.latency.time_in_queue", "double", "Queued time.", origin="vllm", unit="s")
 VLLM_PREFILL = _attr(
@@ -424,9 +438,7 @@ RES_NODE = _attr("k8s.node.name", "string", "Node name.", origin="otel")
 RES_NAMESPACE = _attr("k8s.namespace.name", "string", "Namespace.", origin="otel")
 RES_HOST = _attr("host.name", "string", "Host name.", origin="otel")
 RES_POD_IP = _attr("k8s.pod.ip", "string", "Pod IP.", origin="otel")
-RES_VLLM_MODULE = _attr(
-    "vllm.instrumenting_module_name", "string", "vLLM tracer module.", origin="vllm"
-)
+RES_VLLM_MODULE = _attr("vllm.instrumenting_module_name", "string", "vLLM tracer module.", origin="vllm")
 
 # -- Content: never stored ----------------------------------------------------------------
 CONTENT_ATTRIBUTES: tuple[str, ...] = tuple(
@@ -520,9 +532,7 @@ METRIC_PREFIX = "llm_d_tracing_"
 M_REQUESTS = _metric(
     "llm_d_tracing_requests_total", "counter", "Requests assembled, by path class.", ("path_class", "model")
 )
-M_FLAGS = _metric(
-    "llm_d_tracing_flags_total", "counter", "Flags raised on requests.", ("flag", "path_class")
-)
+M_FLAGS = _metric("llm_d_tracing_flags_total", "counter", "Flags raised on requests.", ("flag", "path_class"))
 M_KV_TRANSFERS = _metric(
     "llm_d_tracing_kv_transfers_total", "counter", "KV transfers seen.", ("transport", "path_class")
 )
@@ -659,8 +669,12 @@ EXTERNAL_METRICS: dict[str, str] = {
 ENV_ENABLE = "RAILTRACE_SHIMS"  # comma list: nixl,gateway,router,pd or "all"; empty = off
 ENV_UCX_LOG = "RAILTRACE_UCX_LOG"  # where the shim routes UCX's log (file the shim owns)
 ENV_UCX_CAPTURE = "RAILTRACE_UCX_CAPTURE"  # "0" leaves UCX_LOG_* alone (evidence then `unknown`)
+ENV_OTEL_SETUP = "RAILTRACE_OTEL_SETUP"  # "0": never build a tracer provider from OTEL_* variables
+# Shim names that switch the KV-transfer shim on (the vLLM plugin and opentelemetry-instrument).
+KV_SHIM_NAMES = frozenset({"nixl", "kv", "kv_transfer", "vllm"})
 ENV_VARS: dict[str, str] = {
     ENV_ENABLE: "Which shims `opentelemetry-instrument` turns on (`all`, or a comma list). Off when unset.",
     ENV_UCX_LOG: "Path of the UCX log file the KV shim reads evidence from (default: a private temp file).",
     ENV_UCX_CAPTURE: "`0` stops the KV shim from setting UCX_LOG_LEVEL/UCX_PROTO_INFO/UCX_LOG_FILE.",
+    ENV_OTEL_SETUP: "`0`: the KV shim never builds a tracer provider from the standard `OTEL_*` variables.",
 }

@@ -10,6 +10,7 @@ metadata over pipes, runs the transfers and writes its finished spans as JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -58,11 +59,41 @@ def open_initiator(
     return target, agent, peer, int(hello["addr"])
 
 
-def target_main(size: int) -> int:
+def spawn_target(size: int, name: str, env: dict[str, str] | None = None) -> tuple[Any, dict[str, Any]]:
+    """Start one target process (its own UCX settings from `env`) and read its metadata."""
+    full = dict(os.environ)
+    full.update(env or {})
+    target = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.shims.nixl_loopback",
+            "--role",
+            "target",
+            "--size",
+            str(size),
+            "--name",
+            name,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=full,
+    )
+    line = target.stdout.readline()
+    while line and not line.startswith("RTHELLO "):
+        line = target.stdout.readline()
+    if not line:
+        target.kill()
+        raise RuntimeError("NIXL loopback target exited before publishing its metadata")
+    return target, json.loads(line.split(" ", 1)[1])
+
+
+def target_main(size: int, name: str = "loop-target") -> int:
     """Target: register a buffer, publish metadata, progress until the initiator says bye."""
     from nixl_cu12 import _api
 
-    agent = _api.nixl_agent("loop-target", _cfg(_api))
+    agent = _api.nixl_agent(name, _cfg(_api))
     buf = (np.arange(size) % 251).astype(np.uint8)
     agent.register_memory([(buf.ctypes.data, size, 0, "")], "DRAM")
     hello = {"meta": agent.get_agent_metadata().hex(), "addr": buf.ctypes.data}
@@ -70,7 +101,7 @@ def target_main(size: int) -> int:
     sys.stdout.flush()
     peer = json.loads(sys.stdin.readline())
     agent.add_remote_agent(bytes.fromhex(peer["meta"]))
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + float(peer.get("linger", 60))  # benchmarks ask for longer
     os.set_blocking(sys.stdin.fileno(), False)
     while time.monotonic() < deadline:
         agent.get_new_notifs()
@@ -189,6 +220,67 @@ def initiator_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def peers_main(args: argparse.Namespace) -> int:
+    """One initiator agent pulling from several peers whose UCX transports differ: each peer is a
+    target process with its own `UCX_TLS`, so UCX's endpoint to it uses what both sides offer."""
+    from nixl_cu12 import _api
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from railtrace_tracing.kv_transfer import NixlKVTransferInstrumentor, kv_transfer_scope
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    inst = NixlKVTransferInstrumentor()
+    inst.instrument(tracer_provider=provider)
+    specs = [p.strip() for p in args.peers.split(",") if p.strip()]
+    buf = np.zeros(args.size, dtype=np.uint8)
+    agent = _api.nixl_agent("multi-initiator", _cfg(_api))
+    agent.register_memory([(buf.ctypes.data, args.size, 0, "")], "DRAM")
+    targets, peers = [], []
+    result: dict[str, Any] = {"transfers": []}
+    try:
+        for i, spec in enumerate(specs):
+            env = {} if spec == "default" else {"UCX_TLS": spec}
+            target, hello = spawn_target(args.size, f"peer-{i}-{spec}", env)
+            targets.append(target)
+            peer = agent.add_remote_agent(bytes.fromhex(hello["meta"]))
+            target.stdin.write(json.dumps({"meta": agent.get_agent_metadata().hex()}) + "\n")
+            target.stdin.flush()
+            peers.append((peer, int(hello["addr"]), spec))
+        local = agent.get_xfer_descs([(buf.ctypes.data, args.size, 0)], "DRAM")
+        for i, (peer, addr, spec) in enumerate(peers):
+            remote = agent.get_xfer_descs([(addr, args.size, 0)], "DRAM")
+            with kv_transfer_scope(f"req-{spec}", remote_engine_id=f"prefill-{spec}"):
+                handle = agent.initialize_xfer(args.op, local, remote, peer, b"done")
+                state = agent.transfer(handle)
+                deadline = time.monotonic() + 30
+                while state not in ("DONE", "ERR") and time.monotonic() < deadline:
+                    state = agent.check_xfer_state(handle)
+                agent.release_xfer_handle(handle)
+            result["transfers"].append({"peer": _name(peer), "spec": spec, "state": state, "index": i})
+    finally:
+        for target in targets:
+            with contextlib.suppress(OSError):
+                target.stdin.write("bye\n")
+                target.stdin.flush()
+            target.wait(timeout=30)
+    inst.force_flush()
+    result["spans"] = [_span_dict(s) for s in exporter.get_finished_spans()]
+    result["ucx_log"] = inst.capture.path
+    inst.uninstrument()
+    with open(args.out, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(result))
+    provider.shutdown()
+    return 0
+
+
+def _name(peer: Any) -> str:
+    return peer.decode() if isinstance(peer, bytes) else str(peer)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--role", default="initiator", choices=["initiator", "target"])
@@ -201,9 +293,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pod", default="decode-0")
     p.add_argument("--request-prefix", default="req-")
     p.add_argument("--uninstrumented", action="store_true")
+    p.add_argument("--name", default="loop-target")
+    p.add_argument(
+        "--peers", help="comma list of peer UCX_TLS settings, e.g. `default,tcp`: one agent, one peer each"
+    )
     args = p.parse_args(argv)
     if args.role == "target":
-        return target_main(args.size)
+        return target_main(args.size, args.name)
+    if args.peers:
+        return peers_main(args)
     return initiator_main(args)
 
 

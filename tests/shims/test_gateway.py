@@ -133,3 +133,28 @@ def test_emit_gateway_request_with_given_times(otel) -> None:
     [done] = exporter.get_finished_spans()
     assert (done.start_time, done.end_time) == (10, 20) and done.kind is SpanKind.SERVER
     assert done.attributes[sc.ERROR_TYPE] == "503" and f"{done.context.trace_id:032x}" == TRACE_ID
+
+
+@pytest.mark.anyio
+async def test_all_shims_in_a_vllm_pod_make_no_gateway_span_from_vllms_server(otel) -> None:
+    """RAILTRACE_SHIMS=all in a vLLM pod: vLLM's own FastAPI server (routes defined in `vllm.*`)
+    is an engine, not a gateway; a Python router's app in the same process still gets its span."""
+    from fastapi import FastAPI
+
+    provider, exporter = otel
+
+    async def create_completion() -> dict[str, str]:
+        return {"ok": "yes"}
+
+    create_completion.__module__ = "vllm.entrypoints.openai.api_server"  # where vLLM defines it
+    vllm_app = FastAPI()
+    vllm_app.post("/v1/completions")(create_completion)
+    inst = GatewayInstrumentor()
+    inst.instrument(tracer_provider=provider)
+    try:
+        resp = await _call(vllm_app, "POST", "/v1/completions")
+        assert resp.status_code == 200 and exporter.get_finished_spans() == ()
+        await _call(make_app(), "POST", "/v1/chat/completions")
+        assert [s.name for s in exporter.get_finished_spans()] == ["gateway.request"]
+    finally:
+        inst.uninstrument()

@@ -36,6 +36,9 @@ class FakeAgent:
         self.name = name
         self.script: list[str] = ["DONE"]
 
+    def add_remote_agent(self, metadata: bytes) -> bytes:
+        return metadata
+
     def prep_xfer_dlist(self, agent_name: str, xfer_list: Any, mem_type: str = "DRAM") -> object:
         return object()
 
@@ -48,10 +51,16 @@ class FakeAgent:
         return object()
 
     def transfer(self, handle: Any, notif_msg: bytes = b"") -> str:
-        return self.script.pop(0)
+        return self._next()
 
     def check_xfer_state(self, handle: Any) -> str:
-        return self.script.pop(0)
+        return self._next()
+
+    def _next(self) -> str:
+        state = self.script.pop(0)
+        if state.startswith("raise:"):  # NIXL raises nixlBackendError & co. on a failed post/poll
+            raise type(state[6:], (RuntimeError,), {})("backend failure")
+        return state
 
     def release_xfer_handle(self, handle: Any) -> None:
         return None
@@ -182,3 +191,80 @@ def test_a_forked_child_starts_its_own_emitter(traced: Any) -> None:
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_exceptions_from_post_and_poll_end_the_span_with_error(traced: Any) -> None:
+    inst, cls = _start(traced)
+    agent = cls("dec-0")
+    with kv_transfer_scope("req-x"):
+        h = agent.initialize_xfer("READ", [(0, 10, 0)], [(0, 10, 0)], "peer")
+        agent.script = ["raise:nixlBackendError"]
+        with pytest.raises(RuntimeError, match="backend failure"):
+            agent.transfer(h)
+        h2 = agent.initialize_xfer("WRITE", [(0, 10, 0)], [(0, 10, 0)], "peer")
+        agent.script = ["PROC", "raise:nixlRemoteDisconnectError"]
+        assert agent.transfer(h2) == "PROC"
+        with pytest.raises(RuntimeError):
+            agent.check_xfer_state(h2)
+    spans = {s.attributes[sc.KV_OPERATION]: s for s in _spans(inst, traced[1])}
+    assert spans["read"].attributes[sc.ERROR_TYPE] == "nixlBackendError"
+    assert spans["write"].attributes[sc.ERROR_TYPE] == "nixlRemoteDisconnectError"
+    for span in spans.values():
+        assert span.status.status_code == StatusCode.ERROR and span.attributes[sc.KV_REQUEST_ID] == "req-x"
+
+
+def test_prepped_bytes_are_not_summed_on_the_posting_thread(traced: Any, monkeypatch) -> None:
+    """131k-block transfers: make_prepped_xfer does O(1) work; the emitter sums with numpy."""
+    import numpy as np
+
+    inst, cls = _start(traced)
+    agent = cls("dec-0")
+    side = agent.prep_xfer_dlist("", [(i * 64, 64, 0) for i in range(1 << 17)])
+    remote = agent.prep_xfer_dlist("prefill-agent", [(i * 64, 64, 0) for i in range(1 << 17)])
+    calls: list[Any] = []
+    monkeypatch.setattr(mod, "_prepped_bytes", lambda *a: calls.append(a) or 64 * len(a[1]))
+    idx = np.arange(1 << 17)
+    h = agent.make_prepped_xfer("READ", side, idx, remote, idx)
+    assert calls == []  # nothing summed while posting
+    agent.transfer(h)
+    [span] = _spans(inst, traced[1])
+    assert span.attributes[sc.KV_BYTES] == 64 << 17 and span.attributes[sc.KV_DESCRIPTORS] == 1 << 17
+    assert span.attributes[sc.KV_REMOTE_AGENT] == "prefill-agent"
+    assert mod._prepped_bytes.__name__ == "<lambda>"
+
+
+def test_telemetry_read_on_the_posting_thread_and_converted_by_the_emitter(
+    traced: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NIXL_TELEMETRY_ENABLE", "y")
+    inst, cls = _start(traced)  # background emitter (the default)
+    agent = cls("dec-0")
+    h = agent.initialize_xfer("READ", [(0, 10, 0)], [(0, 10, 0)], "peer")
+    agent.transfer(h)  # starts the emitter; the next completions take the inlined path
+    assert inst.force_flush()
+    for script in (["DONE"], ["PROC", "DONE"]):  # completed inside the post, and after a poll
+        agent.script = list(script)
+        h = agent.initialize_xfer("READ", [(0, 10, 0)], [(0, 10, 0)], "peer")
+        if agent.transfer(h) == "PROC":
+            assert agent.check_xfer_state(h) == "DONE"
+        agent.release_xfer_handle(h)
+    spans = _spans(inst, traced[1])
+    assert len(spans) == 3
+    for span in spans:
+        assert span.attributes[sc.KV_BYTES] == 4096 and span.attributes[sc.KV_XFER_DURATION_S] == 250e-6
+
+
+def test_the_emitter_emits_on_its_own_without_force_flush(traced: Any) -> None:
+    """Spans reach the exporter from the background emitter alone (busy and after idling)."""
+    import time
+
+    _inst, cls = _start(traced)
+    agent = cls("dec-0")
+    for round_ in range(2):  # the second round starts from the emitter's idle pace
+        agent.script = ["DONE"]
+        agent.transfer(agent.initialize_xfer("READ", [(0, 8, 0)], [(0, 8, 0)], "p"))
+        deadline = time.monotonic() + 5
+        while len(traced[1].get_finished_spans()) <= round_ and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(traced[1].get_finished_spans()) == round_ + 1
+        time.sleep(0.2)

@@ -110,3 +110,62 @@ def test_vllm_connector_boundary_puts_kv_span_in_request_trace(tmp_path: Path, l
     assert a[sc.KV_REMOTE_ENGINE_ID] == "prefill-engine-7" and a[sc.KV_REMOTE_HOST] == "10.0.0.7"
     assert a[sc.KV_BYTES] == 4 * 64 * 1024 and a[sc.KV_DESCRIPTORS] == 4  # from the prepped lists
     assert a[sc.KV_TRANSPORT] == "shm" and a[sc.KV_DEVICES] == ["cma/memory"]
+
+
+def test_two_peers_of_different_transports_each_span_names_its_own(tmp_path: Path) -> None:
+    """One agent pulls from a peer offering every transport (UCX picks `cma`) and from a peer
+    limited to `UCX_TLS=tcp`: each span carries the endpoint to its own peer."""
+    out = tmp_path / "peers.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "RAILTRACE_", "NIXL_"))}
+    env.update({"UCX_NET_DEVICES": "lo", "RAILTRACE_UCX_LOG": str(tmp_path / "ucx.%p.log")})
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.shims.nixl_loopback",
+            "--op",
+            "READ",
+            "--peers",
+            "default,tcp",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
+    result = json.loads(out.read_text())
+    assert [t["state"] for t in result["transfers"]] == ["DONE", "DONE"]
+    by_peer = {s["attributes"][sc.KV_REMOTE_AGENT]: s["attributes"] for s in kv_spans(result)}
+    assert set(by_peer) == {"peer-0-default", "peer-1-tcp"}
+    shm, tcp = by_peer["peer-0-default"], by_peer["peer-1-tcp"]
+    assert shm[sc.KV_TRANSPORT] == "shm" and shm[sc.KV_DEVICES] == ["cma/memory"]
+    assert tcp[sc.KV_TRANSPORT] == "tcp" and tcp[sc.KV_DEVICES] == ["tcp/lo"]
+    for peer, a in by_peer.items():
+        assert a[sc.KV_EVIDENCE_SCOPE] == "peer" and f"peer {peer}" in a[sc.KV_EVIDENCE]
+    assert shm[sc.KV_EVIDENCE].split(" cfg#")[1][0] != tcp[sc.KV_EVIDENCE].split(" cfg#")[1][0]
+
+
+def test_a_post_that_raises_ends_its_span_with_the_error(tmp_path: Path) -> None:
+    """Real NIXL: posting a handle whose peer was removed raises from `transfer()`; the
+    exception reaches the caller unchanged and the span ends with its class as the error."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "RAILTRACE_", "NIXL_"))}
+    env.update({"UCX_NET_DEVICES": "lo", "RAILTRACE_UCX_LOG": str(tmp_path / "ucx.%p.log")})
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.shims.nixl_failure"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )
+    out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RTFAIL "))[7:])
+    assert out["raised"] == "nixlNotFoundError"
+    [span] = kv_spans(out)
+    a = span["attributes"]
+    assert span["status"] == "ERROR" and a[sc.ERROR_TYPE] == "nixlNotFoundError"
+    assert a[sc.KV_REQUEST_ID] == "cmpl-fail-0" and a[sc.KV_REMOTE_ENGINE_ID] == "prefill-gone"
+    assert a[sc.KV_OPERATION] == "read"

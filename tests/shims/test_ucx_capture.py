@@ -36,3 +36,26 @@ def test_configure_sets_ucx_env_and_respects_operator_choices(tmp_path: Path) ->
     assert mine["UCX_LOG_LEVEL"] == "debug" and cap2.path == str(tmp_path / "ops.log")
     off = {sc.ENV_UCX_CAPTURE: "0"}
     assert not UcxLogCapture().configure(off) and "UCX_LOG_FILE" not in off
+
+
+def test_operator_settings_below_info_are_kept_and_turn_evidence_off() -> None:
+    for env in ({"UCX_LOG_LEVEL": "warn"}, {"UCX_PROTO_INFO": "n"}):
+        before = dict(env)
+        assert not UcxLogCapture().configure(env)
+        assert env == before  # never overridden
+
+
+def test_ucx_warnings_still_reach_stderr_when_the_shim_owns_the_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env: dict[str, str] = {sc.ENV_UCX_LOG: str(tmp_path / "u.log")}
+    cap = UcxLogCapture()
+    assert cap.configure(env) and cap.forward_warnings
+    warn = "[1.0] [h:1:0]   ucp_context.c:1 UCX  WARN  transports 'cuda_ipc' are not available"
+    info = "[1.1] [h:1:0]   ucp_worker.c:2 UCX  INFO    a intra-node cfg#1 rma_am(tcp/lo)"
+    Path(cap.path).write_text(f"{warn}\n{info}\n")
+    assert cap.poll()
+    assert capsys.readouterr().err == warn + "\n"  # warnings copied, info lines not
+    theirs = {"UCX_LOG_FILE": str(tmp_path / "ops.log")}
+    ops = UcxLogCapture()
+    assert ops.configure(theirs) and not ops.forward_warnings  # their file: UCX wrote where they said

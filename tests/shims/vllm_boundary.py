@@ -1,7 +1,8 @@
 """vLLM NixlConnector boundary with real NIXL agents (run as a module in a fresh process).
 
-vLLM cannot run here (no GPU), so this module installs a stand-in for
-`vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector` whose classes have vLLM's
+vLLM cannot run here (no GPU), so this module installs a stand-in for vLLM's NIXL connector
+modules (tests/shims/test_vllm_wheels.py checks the same targets against the real wheels) whose
+classes have vLLM's
 method names and argument shapes and whose worker pulls KV blocks with a real `nixl_agent`
 (prepped descriptor lists, `make_prepped_xfer`, `transfer`, `check_xfer_state`,
 `release_xfer_handle`) from a target agent in another process. The railtrace hook then runs
@@ -140,21 +141,36 @@ class NixlConnectorWorker:
         return done
 
 
-def _install_stub() -> None:
-    names = [
-        "vllm",
-        "vllm.distributed",
-        "vllm.distributed.kv_transfer",
-        "vllm.distributed.kv_transfer.kv_connector",
-        "vllm.distributed.kv_transfer.kv_connector.v1",
-    ]
-    for n in names:
+def _install_stub() -> types.SimpleNamespace:
+    """Register the stand-in classes under the module names of the chosen layout: `flat` as vLLM
+    0.11-0.19's `nixl_connector` module, `nested` as the `v1/nixl/` package of vLLM 0.20 on."""
+    v1 = "vllm.distributed.kv_transfer.kv_connector.v1"
+    for n in ["vllm", "vllm.distributed", "vllm.distributed.kv_transfer", f"{v1[:-3]}", v1]:
         sys.modules.setdefault(n, types.ModuleType(n))
-    mod = types.ModuleType("vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector")
-    for obj in (ReqMeta, NixlConnectorScheduler, NixlConnectorWorker):
-        setattr(mod, obj.__name__, obj)
-    mod.NixlConnectorMetadata = NixlConnectorMetadata if LAYOUT == "flat" else NestedNixlConnectorMetadata
-    sys.modules[mod.__name__] = mod
+
+    def module(name: str, **objs: Any) -> None:
+        mod = types.ModuleType(name)
+        for key, obj in objs.items():
+            setattr(mod, key, obj)
+        sys.modules[name] = mod
+
+    if LAYOUT == "flat":
+        module(
+            f"{v1}.nixl_connector",
+            ReqMeta=ReqMeta,
+            NixlConnectorMetadata=NixlConnectorMetadata,
+            NixlConnector=NixlConnectorScheduler,  # the connector delegates to its scheduler
+            NixlConnectorScheduler=NixlConnectorScheduler,
+            NixlConnectorWorker=NixlConnectorWorker,
+        )
+    else:
+        sys.modules.setdefault(f"{v1}.nixl", types.ModuleType(f"{v1}.nixl"))
+        module(f"{v1}.nixl.metadata", NixlConnectorMetadata=NestedNixlConnectorMetadata)
+        module(f"{v1}.nixl.connector", NixlBaseConnector=NixlConnectorScheduler)
+        module(f"{v1}.nixl.pull_worker", NixlPullConnectorWorker=NixlConnectorWorker)
+    return types.SimpleNamespace(
+        NixlConnectorScheduler=NixlConnectorScheduler, NixlConnectorWorker=NixlConnectorWorker
+    )
 
 
 def main() -> int:
@@ -168,12 +184,9 @@ def main() -> int:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    _install_stub()  # vLLM imported before the shim (the hook also patches on later import)
+    nc = _install_stub()  # vLLM imported before the shim (the hook also patches on later import)
     inst = NixlKVTransferInstrumentor()
     inst.instrument(tracer_provider=provider)
-    import importlib
-
-    nc = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector")
 
     size = BLOCK * NBLOCKS
     buf = np.zeros(size, dtype=np.uint8)

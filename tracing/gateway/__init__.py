@@ -35,6 +35,8 @@ class GatewayInstrumentor(GatedInstrumentor):
 
         def build(wrapped: Any, instance: Any, args: Any, kw: Any) -> Any:
             app = wrapped(*args, **kw)
+            if _is_vllm_server(instance):
+                return app  # an engine's own API server is not a gateway (RAILTRACE_SHIMS=all in vLLM)
             try:
                 return RailtraceASGIMiddleware(app, is_enabled=lambda: GatewayInstrumentor._active, **opts)
             except Exception:
@@ -52,6 +54,18 @@ class GatewayInstrumentor(GatedInstrumentor):
         for cls in getattr(self, "_wrapped", []):
             unwrap(cls, "build_middleware_stack")
         self._wrapped = []
+
+
+def _is_vllm_server(app: Any) -> bool:
+    """True for vLLM's OpenAI-compatible server: its routes are defined in `vllm.*` modules."""
+    try:
+        for route in getattr(app, "routes", ()):
+            module = getattr(getattr(route, "endpoint", None), "__module__", "") or ""
+            if module == "vllm" or module.startswith("vllm."):
+                return True
+    except Exception:
+        logger.debug("railtrace gateway: routes unreadable", exc_info=True)
+    return False
 
 
 def _app_classes() -> list[type]:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import collections
 import contextvars
-import importlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Collection, Mapping
@@ -38,6 +38,7 @@ from railtrace_tracing.kv_transfer.ucx_capture import UcxLogCapture
 NIXL_MODULES = ("nixl._api", "nixl_cu12._api", "nixl_cu13._api")
 _METHODS = (
     "__init__",
+    "add_remote_agent",
     "prep_xfer_dlist",
     "initialize_xfer",
     "make_prepped_xfer",
@@ -48,6 +49,11 @@ _METHODS = (
 _PATCH_MARK = "__railtrace_original__"
 _time_ns = time.time_ns
 _ERRORS = {"ERR": "nixl_xfer_err", "RELEASED": "released_before_done"}
+_EXC = "EXC:"  # state prefix of a transfer whose post or poll raised: "EXC:<exception class>"
+try:  # vectorised byte sums for prepped transfers (vLLM passes numpy index arrays)
+    import numpy as _np
+except Exception:  # pragma: no cover - numpy is everywhere NIXL is
+    _np = None
 
 
 @dataclass
@@ -62,9 +68,7 @@ class TransferScope:
     attributes: dict[str, Any] = field(default_factory=dict)
 
 
-_SCOPE: contextvars.ContextVar[TransferScope | None] = contextvars.ContextVar(
-    "railtrace_kv_scope", default=None
-)
+_SCOPE: contextvars.ContextVar[Any] = contextvars.ContextVar("railtrace_kv_scope", default=None)
 
 
 class _ScopeBlock:
@@ -146,6 +150,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
     """
 
     shim_name = "nixl"
+    shim_aliases = sc.KV_SHIM_NAMES
 
     def __init__(self) -> None:
         if getattr(self, "_railtrace_init", False):  # BaseInstrumentor is a singleton
@@ -156,7 +161,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         self._tracer_provider: Any = None
         self._handles: dict[int, _Handle] = {}
         self._inflight: dict[int, _Posted] = {}
-        self._dlists: dict[int, tuple[Any, list[int]]] = {}
+        self._dlists: dict[int, tuple[Any, Any, str]] = {}  # id → (handle, lengths, agent name)
         self._telemetry_agents: set[int] = set()
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
@@ -170,6 +175,9 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         self._wake = threading.Event()
         self._grace_ns = 1_000_000_000
         self._async = True
+        self._capture_wanted = True
+        self._ucx_log_path: str | None = None
+        self._agents_seen = 0
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork)
 
@@ -192,11 +200,10 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         self._active = True
         self._grace_ns = int(float(kwargs.get("evidence_grace_s", 1.0)) * 1e9)
         self._async = bool(kwargs.get("background_emit", True))
-        if kwargs.get("capture_ucx_log", True):
-            capture = UcxLogCapture(kwargs.get("ucx_log_path"))
-            capture.configure()
-            if not (self.capture.configured and capture.path_template == self.capture.path_template):
-                self.capture = capture  # same file as before: keep what was parsed of it
+        # UCX's log settings are applied when the first NIXL agent is created (UCX reads them
+        # then), never at import: vLLM and the operator set their UCX variables first.
+        self._capture_wanted = bool(kwargs.get("capture_ucx_log", True))
+        self._ucx_log_path = kwargs.get("ucx_log_path")
         for modname in NIXL_MODULES:
             self._patch_when_imported(modname)
         if kwargs.get("vllm_hook", True):
@@ -210,7 +217,9 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             if cls is None or cls in self._patched or not self._active:
                 return
             for name in _METHODS:
-                original = getattr(cls, name)
+                original = getattr(cls, name, None)
+                if original is None:
+                    continue
                 patch = getattr(self, "_make_" + name.strip("_"))(original)
                 setattr(patch, _PATCH_MARK, (name in cls.__dict__, original))
                 patch.__name__ = getattr(original, "__name__", name)
@@ -218,12 +227,13 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                 setattr(cls, name, patch)
             self._patched.append(cls)
 
-        try:
-            module = importlib.import_module(modname)
-        except Exception:
+        # Never import nixl here: importing it early would change what the host (vLLM) decides
+        # about UCX. The hook runs at once when the module is already imported.
+        module = sys.modules.get(modname)
+        if module is not None:
+            hook(module)
+        else:
             wrapt.register_post_import_hook(hook, modname)
-            return
-        hook(module)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         from railtrace_tracing.kv_transfer import vllm as vllm_hook
@@ -249,6 +259,10 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
     # -- patches (run on the host's threads: keep them short) ---------------------------
     def _make_init(self, original: Any) -> Any:
         def __init__(agent: Any, *args: Any, **kwargs: Any) -> None:
+            try:
+                self._before_first_agent()
+            except Exception:
+                logger.debug("railtrace: UCX capture setup", exc_info=True)
             original(agent, *args, **kwargs)
             try:
                 conf = kwargs.get("nixl_conf", args[1] if len(args) > 1 else None)
@@ -266,13 +280,45 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
 
         return __init__
 
+    def _before_first_agent(self) -> None:
+        """Point UCX's info log where the shim reads it, once, just before UCX starts."""
+        self._agents_seen += 1
+        if self._agents_seen == 1:
+            from railtrace_tracing.kv_transfer import vllm as vllm_hook
+
+            vllm_hook.check_layout_used()
+        if not self._capture_wanted or self.capture.configured:
+            return
+        capture = UcxLogCapture(self._ucx_log_path)
+        if capture.configure():
+            self.capture = capture
+            self._ensure_worker()  # also forwards UCX's warnings to stderr
+
+    def _make_add_remote_agent(self, original: Any) -> Any:
+        def add_remote_agent(agent: Any, *args: Any, **kwargs: Any) -> Any:
+            capture = self.capture
+            start = capture.mark() if capture.configured else None
+            peer = original(agent, *args, **kwargs)
+            if start is not None:
+                try:  # UCX prints the endpoint configuration to this peer while connecting
+                    capture.note_peer(
+                        str(getattr(agent, "name", "")), _peer_name(peer), start, capture.mark()
+                    )
+                except Exception:
+                    logger.debug("railtrace: add_remote_agent", exc_info=True)
+            return peer
+
+        return add_remote_agent
+
     def _make_prep_xfer_dlist(self, original: Any) -> Any:
         def prep_xfer_dlist(agent: Any, *args: Any, **kwargs: Any) -> Any:
             handle = original(agent, *args, **kwargs)
-            try:
+            try:  # once per registration, not per transfer
+                owner = kwargs.get("agent_name", args[0] if args else "")
                 lens = _lengths(kwargs.get("xfer_list", args[1] if len(args) > 1 else None))
-                if lens is not None:
-                    self._dlists[id(handle)] = (handle, lens)
+                if lens is not None and _np is not None:
+                    lens = _np.asarray(lens, dtype=_np.int64)
+                self._dlists[id(handle)] = (handle, lens, _peer_name(owner))
             except Exception:
                 pass
             return handle
@@ -284,39 +330,50 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
 
         def initialize_xfer(agent: Any, *args: Any, **kwargs: Any) -> Any:
             handle = original(agent, *args, **kwargs)
-            try:
-                if kwargs:
-                    op = kwargs.get("operation", args[0] if args else "")
-                    local = kwargs.get("local_descs", args[1] if len(args) > 1 else None)
-                    remote = kwargs.get("remote_agent", args[3] if len(args) > 3 else None)
-                else:
-                    n = len(args)
-                    op = args[0] if n else ""
-                    local = args[1] if n > 1 else None
-                    remote = args[3] if n > 3 else None
-                # bytes are summed from `local` off the transfer's thread
-                handles[id(handle)] = (handle, getattr(agent, "name", ""), op, None, None, remote, local)
+            # The call as made; read (operation, descriptors, peer) on the emitter, not here.
+            try:  # zero-cost unless it raises: a shim bug never reaches the host
+                handles[id(handle)] = (handle, agent, args, kwargs, False)
             except Exception:
                 logger.debug("railtrace: initialize_xfer", exc_info=True)
             return handle
 
         return initialize_xfer
 
+    def _describe(self, raw: Any) -> _Handle | None:
+        """(handle, agent name, operation, bytes, descriptors, peer, lazy descriptors) of a noted call."""
+        if raw is None or len(raw) != 5:
+            return raw
+        handle, agent, args, kwargs, prepped = raw
+        name = getattr(agent, "name", "")
+        try:
+            if not prepped:
+                op = kwargs.get("operation", args[0] if args else "")
+                local = kwargs.get("local_descs", args[1] if len(args) > 1 else None)
+                remote = kwargs.get("remote_agent", args[3] if len(args) > 3 else None)
+                return (handle, name, op, None, None, remote, local)
+            op = kwargs.get("operation", args[0] if args else "")
+            side = kwargs.get("local_xfer_side", args[1] if len(args) > 1 else None)
+            indices = kwargs.get("local_indices", args[2] if len(args) > 2 else None)
+            rside = kwargs.get("remote_xfer_side", args[3] if len(args) > 3 else None)
+            ndesc = len(indices) if indices is not None else None
+            known = self._dlists.get(id(side))
+            rknown = self._dlists.get(id(rside))
+            remote = rknown[2] if rknown is not None else None
+            lazy = (known[1], indices) if known is not None and indices is not None else None
+            return (handle, name, op, None, ndesc, remote, lazy)
+        except Exception:
+            logger.debug("railtrace: unreadable transfer call", exc_info=True)
+            return (handle, name, "", None, None, None, None)
+
     def _make_make_prepped_xfer(self, original: Any) -> Any:
+        handles = self._handles
+
         def make_prepped_xfer(agent: Any, *args: Any, **kwargs: Any) -> Any:
             handle = original(agent, *args, **kwargs)
+            # O(1) and nothing read here: the emitter resolves the lists, sums bytes (or takes
+            # NIXL's telemetry). The index arrays are vLLM's per-call objects, kept by reference.
             try:
-                op = kwargs.get("operation", args[0] if args else "")
-                side = kwargs.get("local_xfer_side", args[1] if len(args) > 1 else None)
-                indices = kwargs.get("local_indices", args[2] if len(args) > 2 else None)
-                ndesc = len(indices) if indices is not None else None
-                nbytes = None
-                known = self._dlists.get(id(side))
-                if known is not None and indices is not None:
-                    lens = known[1]
-                    nbytes = sum(lens[int(i)] for i in indices)
-                name = getattr(agent, "name", "")
-                self._handles[id(handle)] = (handle, name, op, nbytes, ndesc, None, None)
+                handles[id(handle)] = (handle, agent, args, kwargs, True)
             except Exception:
                 logger.debug("railtrace: make_prepped_xfer", exc_info=True)
             return handle
@@ -324,24 +381,37 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         return make_prepped_xfer
 
     def _make_transfer(self, original: Any) -> Any:
-        inflight = self._inflight
+        inflight, handles, queue = self._inflight, self._handles, self._queue
+        telemetry_agents = self._telemetry_agents
         scope_var = _SCOPE
         get_current = _context_getter()
 
         def transfer(agent: Any, *args: Any, **kwargs: Any) -> Any:
             start = _time_ns()
-            state = original(agent, *args, **kwargs)
+            try:
+                state = original(agent, *args, **kwargs)
+            except Exception as exc:
+                self._failed(agent, args, kwargs, start, exc)
+                raise
             try:
                 key = id(args[0] if args else kwargs.get("handle"))
                 if key in inflight:  # re-post of the same handle: the previous transfer is over
                     self._finish(agent, key, inflight.pop(key), None)
-                scope = scope_var.get()
-                parent = scope.parent if scope is not None else None
-                posted = (start, scope, parent if parent is not None else get_current())
-                if state == "DONE" or state == "ERR":  # small transfers can complete inside the post
-                    self._finish(agent, key, posted, state)
-                else:
+                # The scope's own parent (from trace headers) is resolved on the emitter.
+                posted = (start, scope_var.get(), get_current())
+                if state != "DONE" and state != "ERR":
                     inflight[key] = posted
+                elif self._async and self._worker is not None:
+                    # Completed inside the post (cma, small transfers): _finish's work, inlined
+                    # because a call frame is what costs most after the copy has cooled the caches.
+                    end = _time_ns()
+                    info = handles.get(key)
+                    tel = None
+                    if state == "DONE" and info is not None and id(agent) in telemetry_agents:
+                        tel = _read_telemetry(agent, info[0])
+                    queue.append((posted, end, state, info, tel, agent))
+                else:
+                    self._finish(agent, key, posted, state)
             except Exception:
                 logger.debug("railtrace: transfer", exc_info=True)
             return state
@@ -349,15 +419,35 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         return transfer
 
     def _make_check_xfer_state(self, original: Any) -> Any:
-        inflight = self._inflight
+        inflight, handles, queue = self._inflight, self._handles, self._queue
+        telemetry_agents = self._telemetry_agents
 
         def check_xfer_state(agent: Any, *args: Any, **kwargs: Any) -> Any:
-            state = original(agent, *args, **kwargs)
-            if state == "DONE" or state == "ERR":
+            try:
+                state = original(agent, *args, **kwargs)
+            except Exception as exc:
                 try:
                     key = id(args[0] if args else kwargs.get("handle"))
                     posted = inflight.pop(key, None)
                     if posted is not None:
+                        self._finish(agent, key, posted, _EXC + type(exc).__name__)
+                except Exception:
+                    logger.debug("railtrace: check_xfer_state", exc_info=True)
+                raise
+            if state == "DONE" or state == "ERR":
+                try:
+                    key = id(args[0] if args else kwargs.get("handle"))
+                    posted = inflight.pop(key, None)
+                    if posted is None:
+                        pass
+                    elif self._async and self._worker is not None:  # _finish, inlined (see transfer)
+                        end = _time_ns()
+                        info = handles.get(key)
+                        tel = None
+                        if state == "DONE" and info is not None and id(agent) in telemetry_agents:
+                            tel = _read_telemetry(agent, info[0])
+                        queue.append((posted, end, state, info, tel, agent))
+                    else:
                         self._finish(agent, key, posted, state)
                 except Exception:
                     logger.debug("railtrace: check_xfer_state", exc_info=True)
@@ -381,15 +471,26 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
 
         return release_xfer_handle
 
+    def _failed(self, agent: Any, args: Any, kwargs: Any, start: int, exc: BaseException) -> None:
+        """The post raised: end the transfer's span with the exception's class as its error."""
+        try:
+            key = id(args[0] if args else kwargs.get("handle"))
+            self._inflight.pop(key, None)
+            scope = _SCOPE.get()
+            posted = (start, scope, otel_context.get_current())
+            self._finish(agent, key, posted, _EXC + type(exc).__name__)
+        except Exception:
+            logger.debug("railtrace: failed transfer", exc_info=True)
+
     # -- completion -----------------------------------------------------------------------
     def _finish(self, agent: Any, key: int, posted: _Posted, state: str | None) -> None:
         """Note completion on the transfer's thread; the span is built once, later, from a snapshot."""
         end = _time_ns()
         info = self._handles.get(key)
-        extra = None
-        if state == "DONE" and id(agent) in self._telemetry_agents:  # the handle must still be live
-            info, extra = self._telemetry(agent, info)
-        item = (posted, end, state, info, extra, agent)
+        tel = None
+        if state == "DONE" and info is not None and id(agent) in self._telemetry_agents:
+            tel = _read_telemetry(agent, info[0])
+        item = (posted, end, state, info, tel, agent)
         if self._async:
             queue = self._queue
             queue.append(item)
@@ -398,8 +499,9 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             elif len(queue) >= 256 and not self._wake.is_set():  # else it wakes on its timer, batching
                 self._wake.set()
             return
-        agent_name, op = _ident(item)
-        ev = self.capture.evidence(agent_name or None, op or None)
+        item = self._resolved(item)
+        agent_name, op, peer = _ident(item)
+        ev = self.capture.evidence(agent_name or None, op or None, peer=peer or None)
         if ev is None and self.capture.configured and self._grace_ns > 0:
             # UCX may not have flushed the table yet: emit later, with the real end time.
             self._queue.append(item)
@@ -408,13 +510,23 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         self._emit(item, ev)
 
     def _emit(self, item: tuple[Any, ...], ev: Any, tracer: Any = None) -> None:
-        (start, scope, parent), end, state, info, extra, _agent = item
+        (start, scope, parent), end, state, info, tel, _agent = item
+        if scope is not None and type(scope) is not TransferScope:
+            scope = scope.resolve()  # a lazy scope (the vLLM hook): built here, off the host's thread
+        if scope is not None and scope.parent is not None:
+            parent = scope.parent
+        extra = None
+        if tel is not None:
+            info, extra = _telemetry_fields(tel, info)
         if info is None:
             op = nbytes = ndesc = descs = remote_agent = None
         else:
             _, _, op, nbytes, ndesc, remote_agent, descs = info
         if nbytes is None and descs is not None:
-            nbytes, ndesc = descriptor_bytes(descs)
+            if type(descs) is tuple:  # prepped: (lengths, indices), summed here off the host's thread
+                nbytes = _prepped_bytes(*descs)
+            else:
+                nbytes, ndesc = descriptor_bytes(descs)
         op = _op(op) or "unknown"
         attrs: dict[str, Any] = {
             sc.KV_OPERATION: op,
@@ -425,6 +537,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             attrs[sc.KV_BYTES] = int(nbytes)
         if ndesc is not None:
             attrs[sc.KV_DESCRIPTORS] = int(ndesc)
+        remote_agent = _peer_name(remote_agent)
         engine = _str(remote_agent)
         if scope is not None:
             if scope.request_id:
@@ -436,22 +549,41 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             engine = scope.remote_engine_id or engine
         if engine is not None and engine != "":
             attrs[sc.KV_REMOTE_ENGINE_ID] = str(engine)
+        if remote_agent:
+            attrs[sc.KV_REMOTE_AGENT] = remote_agent
         attrs.update(cached_evidence_attributes(ev))
         if scope is not None and scope.attributes:
             attrs.update(scope.attributes)
         if extra:
             attrs.update(extra)
         error = _ERRORS.get(state or "")
+        if error is None and state and state.startswith(_EXC):
+            error = state[len(_EXC) :]
         if error:
             attrs[sc.ERROR_TYPE] = error
         if tracer is None:
-            tracer = get_tracer(TRACER_NAME, self._tracer_provider)
+            tracer = get_tracer(TRACER_NAME, self._provider())
         span = tracer.start_span(
             sc.SPAN_KV_TRANSFER, context=parent, kind=SpanKind.INTERNAL, attributes=attrs, start_time=start
         )
         if error:
             span.set_status(Status(StatusCode.ERROR, error))
         span.end(end_time=end)
+
+    def _provider(self) -> Any:
+        """The provider given to `instrument()`, else the host's global one, else one built from the
+        standard `OTEL_*` variables (vLLM worker processes usually have none)."""
+        if self._tracer_provider is not None:
+            return self._tracer_provider
+        from railtrace_tracing.otel_setup import provider_for_shims
+
+        return provider_for_shims()
+
+    def _resolved(self, item: tuple[Any, ...]) -> tuple[Any, ...]:
+        info = item[3]
+        if info is not None and len(info) == 5:
+            return (*item[:3], self._describe(info), *item[4:])
+        return item
 
     def _ensure_worker(self) -> None:
         if self._worker is None or not self._worker.is_alive():
@@ -462,11 +594,20 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
 
     def _work(self) -> None:
         """Background emitter: evidence lookup and span creation off the transfer's thread."""
+        busy = True
+        last_poll = 0.0
         while True:
-            self._wake.wait(0.05)
+            # Every 50 ms while transfers finish, every 0.5 s when idle (spans keep their own times).
+            self._wake.wait(0.05 if busy else 0.5)
             self._wake.clear()
             try:
-                self.flush_deferred(final=False)
+                had = bool(self._queue) or bool(self._waiting)
+                now = time.monotonic()
+                if self.capture.configured and now - last_poll >= 0.5:  # UCX's warnings reach stderr
+                    last_poll = now
+                    self.capture.poll()
+                left = self.flush_deferred(final=False)
+                busy = had or left > 0
             except Exception:
                 logger.debug("railtrace: kv emitter", exc_info=True)
 
@@ -478,14 +619,14 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             items = self._waiting
             self._waiting = []
             while queue:
-                items.append(queue.popleft())
+                items.append(self._resolved(queue.popleft()))
             if not items:
                 return len(queue)
             configured = self.capture.configured
             if configured:
                 self.capture.poll()  # once per batch
             now = _time_ns()
-            tracer = get_tracer(TRACER_NAME, self._tracer_provider)
+            tracer = get_tracer(TRACER_NAME, self._provider())
             keep = []
             evidence: dict[tuple[Any, Any], Any] = {}
             for item in items:
@@ -496,7 +637,9 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                         if key in evidence:
                             ev = evidence[key]
                         else:
-                            ev = self.capture.evidence(key[0] or None, key[1] or None, poll=False)
+                            ev = self.capture.evidence(
+                                key[0] or None, key[1] or None, poll=False, peer=key[2] or None
+                            )
                             evidence[key] = ev
                     if ev is not None or final or not configured or now >= item[1] + self._grace_ns:
                         self._emit(item, ev, tracer)
@@ -518,33 +661,64 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             time.sleep(0.01)
         return self.flush_deferred(final=True) == 0
 
-    def _telemetry(self, agent: Any, info: _Handle | None) -> tuple[_Handle | None, dict[str, Any]]:
-        """NIXL's own numbers when telemetry is on (bytes, descriptors, post and transfer time)."""
-        extra: dict[str, Any] = {}
-        if info is None:
-            return info, extra
-        handle, name, op, nbytes, ndesc, remote, descs = info
-        try:
-            tel = agent.get_xfer_telemetry(handle)
-            if getattr(tel, "totalBytes", None) is not None:
-                nbytes, descs = int(tel.totalBytes), None
-            if getattr(tel, "descCount", None) is not None:
-                ndesc = int(tel.descCount)
-            if getattr(tel, "postDuration", None) is not None:
-                extra[sc.KV_POST_DURATION_S] = float(tel.postDuration) / 1e6
-            if getattr(tel, "xferDuration", None) is not None:
-                extra[sc.KV_XFER_DURATION_S] = float(tel.xferDuration) / 1e6
-        except Exception:
-            logger.debug("railtrace: no NIXL telemetry", exc_info=True)
-        return (handle, name, op, nbytes, ndesc, remote, descs), extra
+
+def _read_telemetry(agent: Any, handle: Any) -> Any:
+    """NIXL's telemetry of a finished transfer, read while the handle is live (converted later, on
+    the emitter). The binding is called directly: `nixl_agent.get_xfer_telemetry` only forwards."""
+    try:
+        return agent.agent.getXferTelemetry(handle._handle)
+    except AttributeError:
+        pass
+    except Exception:
+        return None
+    try:
+        return agent.get_xfer_telemetry(handle)
+    except Exception:
+        return None
 
 
-def _ident(item: tuple[Any, ...]) -> tuple[str, str]:
-    """(agent name, operation) of a queued transfer: the key of its UCX evidence."""
+def _telemetry_fields(tel: Any, info: _Handle | None) -> tuple[_Handle | None, dict[str, Any]]:
+    """NIXL's own numbers (`get_xfer_telemetry`): bytes, descriptors, post and transfer time."""
+    extra: dict[str, Any] = {}
+    if info is None:
+        return info, extra
+    handle, name, op, nbytes, ndesc, remote, descs = info
+    try:
+        if getattr(tel, "totalBytes", None) is not None:
+            nbytes, descs = int(tel.totalBytes), None
+        if getattr(tel, "descCount", None) is not None:
+            ndesc = int(tel.descCount)
+        if getattr(tel, "postDuration", None) is not None:
+            extra[sc.KV_POST_DURATION_S] = float(tel.postDuration) / 1e6
+        if getattr(tel, "xferDuration", None) is not None:
+            extra[sc.KV_XFER_DURATION_S] = float(tel.xferDuration) / 1e6
+    except Exception:
+        logger.debug("railtrace: unreadable NIXL telemetry", exc_info=True)
+    return (handle, name, op, nbytes, ndesc, remote, descs), extra
+
+
+def _ident(item: tuple[Any, ...]) -> tuple[str, str, str]:
+    """(agent name, operation, peer agent) of a queued transfer: the key of its UCX evidence."""
     info = item[3]
     if info is None:
-        return str(getattr(item[5], "name", "")), ""
-    return str(info[1]), _op(info[2])
+        return str(getattr(item[5], "name", "")), "", ""
+    return str(info[1]), _op(info[2]), _peer_name(info[5])
+
+
+def _peer_name(v: Any) -> str:
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    return "" if v is None else str(v)
+
+
+def _prepped_bytes(lengths: Any, indices: Any) -> int | None:
+    """Bytes of a prepped transfer: the registered lengths at `indices` (vectorised with numpy)."""
+    try:
+        if _np is not None and isinstance(lengths, _np.ndarray):
+            return int(lengths[_np.asarray(indices, dtype=_np.int64)].sum())
+        return sum(int(lengths[int(i)]) for i in indices)
+    except Exception:
+        return None
 
 
 def _context_getter() -> Any:

@@ -39,6 +39,7 @@ def evidence_attributes(evidence: Evidence | None) -> dict[str, Any]:
         sc.KV_TRANSPORT: evidence.transport.value,
         sc.KV_DEVICES: list(evidence.devices),
         sc.KV_EVIDENCE: evidence.evidence,
+        sc.KV_EVIDENCE_SCOPE: "peer" if evidence.peer else "process",
     }
     if len(evidence.devices) > 1 and evidence.split:
         attrs[sc.KV_SPLIT] = [float(s) for s in evidence.split]

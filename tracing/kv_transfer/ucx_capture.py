@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import tempfile
 import threading
 from collections.abc import MutableMapping
@@ -48,17 +49,30 @@ class UcxLogCapture:
         self._partial = ""
         self._lock = threading.Lock()
         self.configured = False
-        self._cache: dict[tuple[str | None, str | None], Evidence] = {}
+        self.forward_warnings = False
+        self._cache: dict[tuple[str | None, str | None, str | None], Evidence] = {}
+        self._peers: dict[tuple[str, str], list[tuple[int, int]]] = {}
 
     def configure(self, environ: MutableMapping[str, str] | None = None) -> bool:
-        """Set the UCX variables unless the operator opted out; returns whether evidence is possible."""
+        """Set the UCX variables the operator left unset; returns whether evidence is possible.
+
+        Called just before the first NIXL agent starts UCX. A variable the operator (or vLLM) set
+        is never changed: an explicit `UCX_LOG_LEVEL` below `info` or `UCX_PROTO_INFO=n` turns the
+        capture off (spans then say `unknown`). When the shim owns the log file it copies UCX's
+        warnings and errors to stderr, so they still reach `kubectl logs`.
+        """
         env = os.environ if environ is None else environ
         if env.get(ENV_UCX_CAPTURE, "1").strip().lower() in ("0", "false", "no", "off"):
             return False
         level = env.get("UCX_LOG_LEVEL", "").strip().lower()
-        if level not in _VERBOSE_ENOUGH:
+        proto = env.get("UCX_PROTO_INFO", "").strip().lower()
+        if (level and level not in _VERBOSE_ENOUGH) or proto in ("n", "no", "0", "off", "false"):
+            logger.info("railtrace: UCX_LOG_LEVEL/UCX_PROTO_INFO set by the operator; no UCX evidence")
+            return False
+        if not level:
             env["UCX_LOG_LEVEL"] = "info"
-        env.setdefault("UCX_PROTO_INFO", "y")
+        if not proto:
+            env["UCX_PROTO_INFO"] = "y"
         if env.get("UCX_LOG_FILE"):
             self.path_template = env["UCX_LOG_FILE"]  # the operator's file: read it, don't move it
         else:
@@ -67,8 +81,24 @@ class UcxLogCapture:
                     tempfile.gettempdir(), "railtrace-ucx.%p.log"
                 )
             env["UCX_LOG_FILE"] = self.path_template
+            self.forward_warnings = True
         self.configured = True
         return True
+
+    def mark(self) -> int:
+        """The log's current end (after flushing UCX's buffer): brackets what one call printed."""
+        flush_stdio()
+        try:
+            return os.stat(self.path).st_size
+        except OSError:
+            return 0
+
+    def note_peer(self, agent: str, peer: str, start: int, end: int) -> None:
+        """UCX wrote the endpoint configuration(s) of `agent` → `peer` between these offsets."""
+        if peer:
+            with self._lock:
+                self._peers.setdefault((agent, peer), []).append((start, end))
+                self._cache.clear()
 
     @property
     def path(self) -> str:
@@ -92,26 +122,52 @@ class UcxLogCapture:
                 return False
             if not chunk:
                 return False
+            pos = self._offset - len(chunk.encode("utf-8", "replace")) - len(self._partial.encode())
             text = self._partial + chunk
             lines = text.split("\n")
             self._partial = lines.pop()
+            parser = self._parser
+            forward = self.forward_warnings
             for line in lines:
-                self._parser.feed(line)
+                parser.offset = pos
+                parser.feed(line)
+                pos += len(line.encode("utf-8", "replace")) + 1
+                if forward and (" UCX  WARN" in line or " UCX  ERROR" in line or " UCX  FATAL" in line):
+                    sys.stderr.write(line + "\n")
             self._cache.clear()
             return True
 
-    def evidence(self, context: str | None, operation: str | None, poll: bool = True) -> Evidence | None:
-        """Evidence for the endpoint of `context` (NIXL agent name) doing `operation`; None if none.
-        `poll=False` uses what was read so far (callers that polled once for a batch)."""
+    def evidence(
+        self, context: str | None, operation: str | None, poll: bool = True, peer: str | None = None
+    ) -> Evidence | None:
+        """Evidence for the endpoint of `context` (NIXL agent name) to `peer` doing `operation`; None
+        if none. Without a known endpoint to `peer` the process's configuration is used and the
+        evidence says so (`peer` empty). `poll=False` uses what was read so far."""
         try:
             if poll:
                 self.poll()
-            key = (context, operation)
+            key = (context, operation, peer)
             with self._lock:
                 cached = self._cache.get(key)
                 if cached is not None:
                     return cached
-                ev = self._parser.result.select(context, operation)
+                windows = self._peers.get((context or "", peer)) if peer else None
+                # Peers connected at the same time (vLLM handshakes on several threads) share a
+                # window: an endpoint first printed where another peer's window also lies is
+                # nobody's for certain.
+                others = (
+                    [
+                        w
+                        for (ctx, p), ws in self._peers.items()
+                        if ctx == (context or "") and p != peer
+                        for w in ws
+                    ]
+                    if windows
+                    else None
+                )
+                ev = self._parser.result.select(
+                    context, operation, windows=windows, peer=peer, exclude=others
+                )
                 if ev is not None:
                     self._cache[key] = ev
                 return ev

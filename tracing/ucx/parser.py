@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from railtrace_tracing.semconv import Transport
 
@@ -139,6 +139,7 @@ class Evidence:
     evidence: str
     memory: str = ""
     warnings: list[str] = field(default_factory=list)
+    peer: str = ""  # NIXL agent of the peer when this endpoint is known to be the one to it
 
     def to_dict(self) -> dict[str, object]:
         d = asdict(self)
@@ -159,6 +160,7 @@ class Endpoint:
     lane_line: str = ""
     tables: list[ProtoTable] = field(default_factory=list)
     order: int = 0
+    offset: int = -1  # byte offset in the log of the first line naming this endpoint (-1: unknown)
 
     @property
     def is_self(self) -> bool:
@@ -170,7 +172,7 @@ class Endpoint:
         best: dict[str, tuple[int, ProtoTable]] = {}
         for table in self.tables:
             op = table.operation
-            if op not in ("read", "write", "tag"):
+            if op not in ("read", "write", "tag", "am"):
                 continue
             rank = _variant_rank(table.operation_text)
             if op not in best or rank <= best[op][0]:
@@ -296,13 +298,73 @@ class UcxLog:
                 out.append(ev)
         return out
 
-    def select(self, context: str | None = None, operation: str | None = None) -> Evidence | None:
-        """The evidence for a transfer by `context` doing `operation`: the newest matching endpoint.
+    def select(
+        self,
+        context: str | None = None,
+        operation: str | None = None,
+        windows: list[tuple[int, int]] | None = None,
+        peer: str | None = None,
+        exclude: list[tuple[int, int]] | None = None,
+    ) -> Evidence | None:
+        """The evidence for a transfer by `context` to `peer` doing `operation`.
+
+        `windows` are the log byte ranges in which UCX printed the endpoint configuration to that
+        peer (while NIXL connected to it): an endpoint first named there is the peer's own, and its
+        evidence carries `peer`, unless it also lies in a window of another peer in `exclude`
+        (connected at the same time). Otherwise the newest matching endpoint of the process is used
+        and the evidence says it is the process's configuration, not a fact about this transfer.
 
         A NIXL agent name is the UCX context name from UCX 1.23; older NIXL printed
         `ucp_context_0`, so when no endpoint carries the agent's name and the log holds a single
         context, that context is used. Nothing matching → None (the caller reports `unknown`).
         """
+        if windows:
+            known, own = self._peer_evidence(context, operation, windows, exclude or [])
+            if known and own is None:
+                return None  # the peer's endpoint is known; UCX prints its table on first use
+            if own is not None:
+                own.peer = peer or ""
+                own.evidence = f"{own.evidence} (endpoint to peer {peer})" if peer else own.evidence
+                return own
+        ev = self._select_process(context, operation)
+        if ev is not None and peer:
+            ev = replace(ev, warnings=[*ev.warnings, f"no UCX endpoint seen for peer {peer}"])
+        return ev
+
+    def _peer_evidence(
+        self,
+        context: str | None,
+        operation: str | None,
+        windows: list[tuple[int, int]],
+        exclude: list[tuple[int, int]],
+    ) -> tuple[bool, Evidence | None]:
+        """(whether the peer's own endpoint is known, its evidence for `operation` if printed yet)."""
+        keys = {
+            (ep.process, ep.context, ep.cfg, ep.scope)
+            for ep in self.data_endpoints()
+            if ep.offset >= 0
+            and any(s <= ep.offset < e for s, e in windows)
+            and not any(s <= ep.offset < e for s, e in exclude)
+        }
+        if not keys:
+            return False, None
+        evs = [e for e in self.evidence(None, operation) if (e.process, e.context, e.cfg, e.scope) in keys]
+        if not evs and operation in ("read", "write"):
+            evs = [
+                e
+                for e in self.evidence(None, None)
+                if e.operation == "rma" and (e.process, e.context, e.cfg, e.scope) in keys
+            ]
+        if any(ep.tables for ep in self.endpoints):
+            # This UCX prints protocol tables (on an operation's first use): a lane line alone
+            # is not the data path (it can name a control lane), so wait for the table.
+            evs = [e for e in evs if e.source == "proto_info"]
+        if not evs:
+            return True, None
+        evs.sort(key=lambda e: (e.source == "proto_info", self._order(e)))
+        return True, replace(evs[-1])
+
+    def _select_process(self, context: str | None, operation: str | None) -> Evidence | None:
         evs = self.evidence(context, operation)
         if not evs and context is not None:
             contexts = {e.context for e in self.data_endpoints()}
@@ -328,12 +390,13 @@ class UcxLog:
 
 
 class _TableState:
-    __slots__ = ("key", "op", "rows", "title")
+    __slots__ = ("key", "offset", "op", "rows", "title")
 
-    def __init__(self) -> None:
+    def __init__(self, offset: int = -1) -> None:
         self.title = ""
         self.op = ""
         self.rows: list[ProtoRow] = []
+        self.offset = offset
 
 
 class UcxLogParser:
@@ -344,14 +407,17 @@ class UcxLogParser:
         self._eps: dict[tuple[str, str, str, int], Endpoint] = {}
         self._tables: dict[str, _TableState] = {}
         self._n = 0
+        self.offset = -1  # set by a caller that knows where the next line starts in the file
 
     # -- endpoints ----------------------------------------------------------------------
-    def _endpoint(self, proc: str, style: str, ctx: str, scope: str, cfg: int) -> Endpoint:
+    def _endpoint(self, proc: str, style: str, ctx: str, scope: str, cfg: int, offset: int = -2) -> Endpoint:
         key = (proc, style, ctx if style == "cfg#" else "", cfg)
         ep = self._eps.get(key)
         if ep is None:
             self._n += 1
-            ep = Endpoint(proc, ctx, scope, cfg, style, order=self._n)
+            ep = Endpoint(
+                proc, ctx, scope, cfg, style, order=self._n, offset=self.offset if offset == -2 else offset
+            )
             self._eps[key] = ep
             self.result.endpoints.append(ep)
         else:
@@ -368,12 +434,12 @@ class UcxLogParser:
         title = st.title
         m = _TITLE_NEW.match(title)
         if m:
-            ep = self._endpoint(proc, "cfg#", m["ctx"], m["scope"] or "", int(m["cfg"]))
+            ep = self._endpoint(proc, "cfg#", m["ctx"], m["scope"] or "", int(m["cfg"]), st.offset)
         else:
             m2 = _TITLE_OLD.match(title)
             if not m2:
                 return
-            ep = self._endpoint(proc, "ep_cfg", m2["ctx"], "", int(m2["cfg"]))
+            ep = self._endpoint(proc, "ep_cfg", m2["ctx"], "", int(m2["cfg"]), st.offset)
         ep.tables.append(ProtoTable(title, st.op, st.rows))
 
     # -- lines --------------------------------------------------------------------------
@@ -414,7 +480,7 @@ class UcxLogParser:
                 self._close_table(proc)
                 st = None
             if st is None:
-                st = self._tables[proc] = _TableState()
+                st = self._tables[proc] = _TableState(self.offset)
                 st.title = text
             else:
                 st.op = text
@@ -422,7 +488,7 @@ class UcxLogParser:
         if len(cells) == 2 and ("ep_cfg[" in cells[0] or "cfg#" in cells[0]):
             if st is not None:
                 self._close_table(proc)
-            st = self._tables[proc] = _TableState()
+            st = self._tables[proc] = _TableState(self.offset)
             st.title, st.op = cells
             return
         if st is None or len(cells) < 3:

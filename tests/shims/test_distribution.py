@@ -1,0 +1,109 @@
+"""railtrace-shims installs alone (as into a vLLM image) and pulls in OpenTelemetry, wrapt and their
+own dependencies only, never the service's (FastAPI, SQLAlchemy, the Kubernetes client …)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# What the shims' five requirements bring with them (OpenTelemetry's own dependency tree).
+ALLOWED = {
+    "railtrace-shims",
+    "opentelemetry-api",
+    "opentelemetry-sdk",
+    "opentelemetry-instrumentation",
+    "opentelemetry-semantic-conventions",
+    "opentelemetry-exporter-otlp-proto-http",
+    "opentelemetry-exporter-otlp-proto-common",
+    "opentelemetry-exporter-otlp-common",
+    "opentelemetry-exporter-http-transport",
+    "opentelemetry-proto",
+    "protobuf",
+    "googleapis-common-protos",
+    "wrapt",
+    "deprecated",
+    "importlib-metadata",
+    "zipp",
+    "typing-extensions",
+    "packaging",
+    "requests",
+    "urllib3",
+    "idna",
+    "certifi",
+    "charset-normalizer",
+    "pip",
+    "setuptools",
+}
+SERVICE_ONLY = {
+    "railtrace",
+    "fastapi",
+    "uvicorn",
+    "sqlalchemy",
+    "alembic",
+    "psycopg",
+    "kubernetes",
+    "pydantic",
+    "grpcio",
+    "orjson",
+    "httpx",
+    "prometheus-client",
+    "numpy",
+}
+
+CHECK = textwrap.dedent(
+    """
+    import json, os, sys
+    from importlib.metadata import entry_points
+    before = dict(os.environ)
+    from railtrace_tracing.kv_transfer import vllm
+    vllm.register()  # RAILTRACE_SHIMS unset: nothing happens
+    print(json.dumps({
+        "plugins": [e.value for e in entry_points(group="vllm.general_plugins")],
+        "instrumentors": sorted(e.name for e in entry_points(group="opentelemetry_instrumentor")),
+        "env_same": dict(os.environ) == before,
+        "service_imported": "railtrace" in sys.modules,
+    }))
+    """
+)
+
+
+@pytest.mark.slow
+def test_shims_install_alone_with_opentelemetry_and_wrapt_only(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(
+        ROOT / "tracing", src, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__", "build")
+    )
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(src)],
+        check=True,
+        timeout=600,
+    )
+    listed = subprocess.run(
+        [str(py), "-m", "pip", "list", "--format=json", "--disable-pip-version-check"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    names = {p["name"].lower().replace("_", "-") for p in json.loads(listed)}
+    assert "railtrace-shims" in names and "wrapt" in names and "opentelemetry-sdk" in names
+    assert not names & SERVICE_ONLY, names & SERVICE_ONLY
+    assert names <= ALLOWED, f"unexpected dependencies: {sorted(names - ALLOWED)}"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    out = subprocess.run(
+        [str(py), "-c", CHECK], cwd=tmp_path, env=env, check=True, capture_output=True, text=True, timeout=60
+    ).stdout
+    result = json.loads(out)
+    assert result["plugins"] == ["railtrace_tracing.kv_transfer.vllm:register"]
+    assert result["instrumentors"] == ["railtrace_gateway", "railtrace_nixl"]
+    assert result["env_same"] and not result["service_imported"]
