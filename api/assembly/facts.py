@@ -601,8 +601,9 @@ def _join_evidence(req: _Request, primary: str) -> tuple[str, str | None] | None
             for attr in ntable.KEY_ATTRIBUTES:
                 raw = span.attributes.get(attr)
                 values = raw if isinstance(raw, list) else [raw]
-                if any(normalize_request_id(v) in primary_keys for v in values):
-                    shown = next(v for v in values if normalize_request_id(v) in primary_keys)
+                engine_form = attr in ntable.ENGINE_ID_ATTRIBUTES
+                if any(normalize_request_id(v, engine_form) in primary_keys for v in values):
+                    shown = next(v for v in values if normalize_request_id(v, engine_form) in primary_keys)
                     how = f"{_ref(span)} {attr}={shown}"
                     break
             else:

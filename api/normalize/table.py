@@ -177,11 +177,22 @@ KEY_ATTRIBUTES: tuple[str, ...] = (
     semconv.HTTP_REQUEST_ID_HEADER,
     semconv.GEN_AI_REQUEST_ID,
 )
-# vLLM prefixes the OpenAI id: `chatcmpl-<id>` (chat), `cmpl-<id>-<n>` (completions, one
-# per prompt). Only the completions form carries the `-<n>` suffix.
+# The id forms of one request (docs/normalisation.md, "Request id forms"), each reduced to the
+# bare id the EPP and the client's x-request-id carry:
+# - vLLM's OpenAI front end prefixes the id taken from the first `X-Request-Id` header:
+#   `chatcmpl-<id>` (chat), `cmpl-<id>` then `cmpl-<id>-<n>` per prompt (completions)
+#   (vllm/entrypoints/openai/chat_completion/serving.py, completion/serving.py,
+#   serve/engine/serving.py `_base_request_id`; vLLM 0.34.0);
+# - inside the engine (a KV connector's `req_id`) vLLM appends `-<8 hex>` to that external id
+#   (vllm/v1/engine/input_processor.py `assign_request_id`, vLLM PR #27987), so only the
+#   attributes that carry the engine's id are stripped of it; an external id ending in
+#   `-<8 hex>` (a client's own x-request-id) stays whole everywhere else.
 REQUEST_ID_PREFIXES: tuple[str, ...] = ("chatcmpl-", "cmpl-")
 REQUEST_ID_SUFFIXED_PREFIXES: tuple[str, ...] = ("cmpl-",)
 REQUEST_ID_INDEX_SUFFIX = re.compile(r"-\d{1,3}$")
+REQUEST_ID_ENGINE_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+# Attributes that carry vLLM's engine-internal request id (with the random suffix).
+ENGINE_ID_ATTRIBUTES: frozenset[str] = frozenset({semconv.KV_REQUEST_ID})
 MIN_KEY_CHARS = 4
 
 

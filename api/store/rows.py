@@ -222,12 +222,35 @@ def _request_key(
         if raw in cache:
             key = cache[raw]
         else:
-            key = normalize_request_id(raw.decode("utf-8", "replace"))
+            text = raw.decode("utf-8", "replace")
+            key = normalize_request_id(text)
             key = key[:MAX_KEY] if key else None
             cache[raw] = key
+            _remember_engine_key(text, key)
         if key:
             return key
     return None
+
+
+# Engine-form keys of raw ids seen, bounded (a request's spans repeat the same few ids).
+_ENGINE_KEYS: dict[str, str | None] = {}
+
+
+def engine_key(key: str) -> str | None:
+    """The key a stored key also stands for if its id was vLLM's engine-internal form
+    (`<id>-<8 hex>`, docs/normalisation.md), stored beside it so that a trace holding only a
+    KV connector's id is found by the public id's key. It only widens which traces assembly
+    reads together: assembly joins on the attribute-aware keys (`span_request_keys`)."""
+    return _ENGINE_KEYS.get(key)
+
+
+def _remember_engine_key(raw: str, key: str | None) -> None:
+    if not key or key in _ENGINE_KEYS:
+        return
+    short = normalize_request_id(raw, engine_form=True)
+    if len(_ENGINE_KEYS) >= 65_536:
+        _ENGINE_KEYS.clear()
+    _ENGINE_KEYS[key] = short[:MAX_KEY] if short and short != key else None
 
 
 _CONTENT_SCAN = KeyScan(k.encode() for k in DEFAULT_DROP)
@@ -404,15 +427,23 @@ def rows_from_bytes(raw: bytes, content_free: bool = False) -> RowBatch | None:
         for value in raws:
             key = cache.get(value, _UNSEEN)
             if key is _UNSEEN:
-                key = normalize_request_id(value.decode("utf-8", "replace"))
+                text = value.decode("utf-8", "replace")
+                key = normalize_request_id(text)
                 key = cache[value] = key[:MAX_KEY] if key else None
+                _remember_engine_key(text, key)
             if key:
                 keys.add((key, tid))  # type: ignore[arg-type]
+                short = engine_key(key)
+                if short:
+                    keys.add((short, tid))  # type: ignore[arg-type]
                 break
     for tid, body in slow:
         key = _request_key(body, cache, _KEY_FINDERS)
         if key:
             keys.add((key, tid))
+            short = engine_key(key)
+            if short:
+                keys.add((short, tid))
     batch.chunks = [[tid.hex(), chunk_id(body), 0, n, body, root] for tid, body, n, root in chunks]
     batch.keys = {(key, tid.hex()) for key, tid in keys}
     batch.span_count = valid
@@ -488,6 +519,9 @@ def _rows_python(
                 request_key = _request_key(body, key_cache, needles)
                 if request_key:
                     add_key((request_key, tid))
+                    short = engine_key(request_key)
+                    if short:
+                        add_key((short, tid))
             pieces.append(pack(rid, len(body)))
             pieces.append(body)
     chunks = batch.chunks

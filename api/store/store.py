@@ -42,7 +42,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import Executable
 
 from railtrace.model import RequestSummary, Span
-from railtrace.normalize import normalize_span
+from railtrace.normalize import normalize_span, request_id_forms
 from railtrace.store.engine import SqliteWal, SqliteWriters, checkpoint_sqlite_wal, is_sqlite
 from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
 from railtrace.store.rollup import DIMENSIONS, REQUEST_COLUMNS, RollupDelta, hour_of
@@ -602,12 +602,15 @@ class Store:
     def get_request_json(self, ident: str) -> bytes | None:
         """The stored JSON of `get_request`, as stored: the API answers with it unparsed.
 
-        One statement for the three ways an id can name a request (its primary trace, a
-        stitched trace of it, its request id), in that order of preference: the detail
+        One statement for the ways an id can name a request (its primary trace, a stitched
+        trace of it, its request id, an id any of its spans carried, in any of vLLM's forms:
+        docs/normalisation.md, "Request id forms"), in that order of preference: the detail
         endpoint is what a dashboard polls, mostly for requests not assembled yet.
         """
         with self._read() as conn:
-            blob = conn.execute(self._q.summary_by_ident, {"ident": _text(ident)}).scalar()
+            forms = request_id_forms(ident) or [""]
+            params = {"ident": _text(ident), "key": forms[0], "engine_key": forms[-1]}
+            blob = conn.execute(self._q.summary_by_ident, params).scalar()
         return bytes(blob) if blob is not None else None
 
     def trace_exists(self, trace_id: str) -> bool:
@@ -1223,14 +1226,28 @@ class _Statements:
             .join(traces, t.request_trace_id == r.trace_id)
             .where(t.trace_id == bindparam("ident"))
         )
+        # The id's joinable keys (`request_id_forms`): as the request's own id, then as a key
+        # any span of any of its traces carried (trace_keys: the EPP's x-request-id, vLLM's
+        # id, the sidecar's UUID, a KV connector's id), newest request first.
+        keys = (bindparam("key"), bindparam("engine_key"))
         by_request_id = (
             select(r.summary, literal_column("2").label("pref"))
-            .where(r.request_id == bindparam("ident"))
+            .where(r.request_id.in_(keys))
             .order_by(r.start_ns.desc())
             .limit(1)
             .subquery()
         )
-        found = union_all(by_primary, by_stitched, select(by_request_id)).subquery()
+        by_key = (
+            select(r.summary, literal_column("3").label("pref"))
+            .select_from(trace_keys)
+            .join(traces, t.trace_id == tk.trace_id)
+            .join(requests, r.trace_id == t.request_trace_id)
+            .where(tk.request_key.in_(keys))
+            .order_by(r.start_ns.desc())
+            .limit(1)
+            .subquery()
+        )
+        found = union_all(by_primary, by_stitched, select(by_request_id), select(by_key)).subquery()
         self.summary_by_ident = select(found.c.summary).order_by(found.c.pref).limit(1)
         # Each row locked and its last arrival read: on PostgreSQL by SELECT ... FOR UPDATE
         # (a no-op write would add a row version and an entry in every index of `traces`),
