@@ -137,11 +137,46 @@ def plain_values(enum: type[StrEnum]) -> SimpleNamespace:
     return SimpleNamespace(**{member.name: member.value for member in enum})
 
 
+class Identity(StrEnum):
+    """How a leg's pod was found, strongest first (docs/normalisation.md, "Identity")."""
+
+    K8S_RESOURCE = "k8s_resource"  # k8s.pod.name on the engine's resource (chart, k8sattributes)
+    POD_IP = "pod_ip"  # k8s.pod.ip on the resource, matched to a Pod of the topology
+    OTLP_PEER = "otlp_peer"  # the OTLP sender's address (or trusted proxy's client) = a pod IP
+    EPP_PICK = "epp_pick"  # the EPP's chosen endpoint `<ns>/<pod>-rank-<i>`
+    PD_ADDRESS = "pd_address"  # the sidecar's / EPP's prefill or decode host:port
+    SIDECAR_POD = "sidecar_pod"  # the sidecar's own pod (= the decode pod in the nixlv2 layout)
+    NONE = "none"
+
+
+class Hop(StrEnum):
+    """A hop of a P/D request that a deployment may or may not trace (`coverage`)."""
+
+    EPP = "epp"
+    SIDECAR = "sidecar"
+    PREFILL_ENGINE = "prefill_engine"
+    DECODE_ENGINE = "decode_engine"
+    KV_TRANSFER = "kv_transfer"
+
+
+class Recipe(StrEnum):
+    """Which tracing a deployment runs, read from the hops present (`coverage.recipe`)."""
+
+    FULL = "full"  # EPP, sidecar and both engines
+    DECODE_ONLY = "decode_only"  # llm-d's shipped guide: the decode engine only
+    EPP_ONLY = "epp_only"  # the router chart's tracing alone
+    ENGINES = "engines"  # both engines, no sidecar (its tracing is off by default)
+    PARTIAL = "partial"  # any other mix
+
+
 ROLE = plain_values(Role)
 STAGE = plain_values(Stage)
 TRANSPORT = plain_values(Transport)
 PATH_CLASS = plain_values(PathClass)
 FLAG = plain_values(FlagName)
+IDENTITY = plain_values(Identity)
+HOP = plain_values(Hop)
+RECIPE = plain_values(Recipe)
 
 
 # ---------------------------------------------------------------------------------------
@@ -174,9 +209,7 @@ def _attr(key: str, type_: str, description: str, **kw: object) -> str:
 SPAN_KV_TRANSFER = "llm_d.kv_transfer"
 
 KV_REQUEST_ID = _attr("llm_d.kv_transfer.request_id", "string", "Request id the transfer serves.")
-KV_OPERATION = _attr(
-    "llm_d.kv_transfer.operation", "string", "NIXL operation.", allowed=("read", "write")
-)
+KV_OPERATION = _attr("llm_d.kv_transfer.operation", "string", "NIXL operation.", allowed=("read", "write"))
 KV_CONNECTOR = _attr("llm_d.kv_transfer.connector", "string", "KV connector, e.g. `nixl`.")
 KV_BACKEND = _attr("llm_d.kv_transfer.backend", "string", "Connector backend, e.g. `UCX`.")
 KV_BYTES = _attr("llm_d.kv_transfer.bytes", "int", "Bytes moved.", unit="By")
@@ -210,9 +243,7 @@ KV_SPLIT = _attr(
 KV_POST_DURATION_S = _attr(
     "llm_d.kv_transfer.post_duration_s", "double", "NIXL post time (telemetry).", unit="s"
 )
-KV_WARNINGS = _attr(
-    "llm_d.kv_transfer.warnings", "string[]", "UCX/NIXL warnings seen for this endpoint."
-)
+KV_WARNINGS = _attr("llm_d.kv_transfer.warnings", "string[]", "UCX/NIXL warnings seen for this endpoint.")
 KV_PROTOCOL = _attr(
     "llm_d.kv_transfer.protocol",
     "string",
@@ -254,9 +285,7 @@ ROUTER_CANDIDATE_PODS = _attr("llm_d.router.candidate.pods", "string[]", "Per ca
 LLM_D_ROLE = _attr("llm_d.role", "string", "Role of an engine process.", allowed=("prefill", "decode"))
 
 # -- llm-d EPP / router (read, not emitted by railtrace except through the shims) ---------
-EPP_PROFILE_NAME = _attr(
-    "llm_d.epp.scheduling.profile.name", "string", "Scheduling profile.", origin="llm-d"
-)
+EPP_PROFILE_NAME = _attr("llm_d.epp.scheduling.profile.name", "string", "Scheduling profile.", origin="llm-d")
 EPP_DECISION = _attr("llm_d.epp.profile_handler.decision", "string", "P/D decision.", origin="llm-d")
 EPP_DECISION_LEGACY = _attr(
     "llm_d.profile_handler.decision", "string", "P/D decision (<= v0.8.0).", origin="llm-d"
@@ -264,9 +293,7 @@ EPP_DECISION_LEGACY = _attr(
 EPP_PICKER_TOP_ENDPOINTS = _attr(
     "llm_d.epp.picker.top_endpoints", "string[]", "Top endpoints of the picker.", origin="llm-d"
 )
-EPP_PICKER_TOP_SCORES = _attr(
-    "llm_d.epp.picker.top_scores", "double[]", "Their scores.", origin="llm-d"
-)
+EPP_PICKER_TOP_SCORES = _attr("llm_d.epp.picker.top_scores", "double[]", "Their scores.", origin="llm-d")
 EPP_PICKER_CANDIDATES = _attr(
     "llm_d.epp.picker.candidate_endpoints", "int", "Candidates at the picker.", origin="llm-d"
 )
@@ -333,9 +360,7 @@ PD_TRUE_TTFT_MS = _attr(
 PD_COORDINATOR_OVERHEAD_MS = _attr(
     "llm_d.pd_proxy.coordinator_overhead_ms", "double", "Sidecar overhead.", origin="llm-d", unit="ms"
 )
-PD_PREFILL_STATUS = _attr(
-    "llm_d.pd_proxy.prefill.status_code", "int", "Prefill HTTP status.", origin="llm-d"
-)
+PD_PREFILL_STATUS = _attr("llm_d.pd_proxy.prefill.status_code", "int", "Prefill HTTP status.", origin="llm-d")
 PD_DECODE_STREAMING = _attr("llm_d.pd_proxy.decode.streaming", "boolean", "Streaming.", origin="llm-d")
 PD_KV_CONNECTOR = _attr("llm_d.pd_proxy.kv_connector", "string", "KV connector.", origin="llm-d")
 PD_REQUEST_PATH = _attr("llm_d.pd_proxy.request_path", "string", "Proxied request path.", origin="llm-d")
@@ -344,9 +369,7 @@ PD_DISAGG_USED = _attr(
 )
 
 # -- vLLM llm_request --------------------------------------------------------------------
-VLLM_TTFT = _attr(
-    "gen_ai.latency.time_to_first_token", "double", "Engine TTFT.", origin="vllm", unit="s"
-)
+VLLM_TTFT = _attr("gen_ai.latency.time_to_first_token", "double", "Engine TTFT.", origin="vllm", unit="s")
 VLLM_E2E = _attr("gen_ai.latency.e2e", "double", "Engine end to end.", origin="vllm", unit="s")
 VLLM_QUEUE = _attr("gen_ai.latency.time_in_queue", "double", "Queued time.", origin="vllm", unit="s")
 VLLM_PREFILL = _attr(
@@ -402,9 +425,14 @@ RES_NODE = _attr("k8s.node.name", "string", "Node name.", origin="otel")
 RES_NAMESPACE = _attr("k8s.namespace.name", "string", "Namespace.", origin="otel")
 RES_HOST = _attr("host.name", "string", "Host name.", origin="otel")
 RES_POD_IP = _attr("k8s.pod.ip", "string", "Pod IP.", origin="otel")
-RES_VLLM_MODULE = _attr(
-    "vllm.instrumenting_module_name", "string", "vLLM tracer module.", origin="vllm"
+RES_OTLP_PEER = _attr(
+    "railtrace.otlp.peer",
+    "string",
+    "Address railtrace received this resource's spans from: the OTLP sender, or the client a "
+    "trusted proxy forwarded for (X-Forwarded-For). Set at ingest, never by a sender; loopback "
+    "senders are not recorded.",
 )
+RES_VLLM_MODULE = _attr("vllm.instrumenting_module_name", "string", "vLLM tracer module.", origin="vllm")
 
 # -- Content: never stored ----------------------------------------------------------------
 CONTENT_ATTRIBUTES: tuple[str, ...] = tuple(
@@ -498,9 +526,7 @@ METRIC_PREFIX = "llm_d_tracing_"
 M_REQUESTS = _metric(
     "llm_d_tracing_requests_total", "counter", "Requests assembled, by path class.", ("path_class", "model")
 )
-M_FLAGS = _metric(
-    "llm_d_tracing_flags_total", "counter", "Flags raised on requests.", ("flag", "path_class")
-)
+M_FLAGS = _metric("llm_d_tracing_flags_total", "counter", "Flags raised on requests.", ("flag", "path_class"))
 M_KV_TRANSFERS = _metric(
     "llm_d_tracing_kv_transfers_total", "counter", "KV transfers seen.", ("transport", "path_class")
 )

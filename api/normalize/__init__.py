@@ -132,6 +132,11 @@ def engine_leg_hint(span: Span) -> tuple[str | None, str]:
     return None, ""
 
 
+def _is_bbr(span: Span) -> bool:
+    scope = span.scope_name or ""
+    return scope.startswith(table.BBR_SCOPE_PREFIX) or span.service_name in table.BBR_SERVICES
+
+
 def _is_sidecar(span: Span) -> bool:
     scope = span.scope_name or ""
     return (
@@ -208,6 +213,9 @@ def normalize_span(span: Span) -> Span:
             if name == semconv.SPAN_VLLM_REQUEST:
                 leg, _ = engine_leg_hint(span)
                 span.role = leg or _DECODE
+            elif rule.role is Role.GATEWAY and _is_bbr(span):
+                span.role = _OTHER  # the body-based router's span, not the EPP's
+                span.generation = table.GIE
         keys = span_request_keys(span)
         span.request_key = keys[0] if keys else None
     except Exception:  # odd input must never stop ingest

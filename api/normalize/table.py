@@ -151,6 +151,12 @@ SIDECAR_SERVICES: frozenset[str] = frozenset({"llm-d-disagg-sidecar", "pd-sideca
 SIDECAR_SCOPE = "llm-d-router/pkg/sidecar/proxy"
 OTELHTTP_SCOPE_PREFIX = "go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 GIE_SCOPE_PREFIX = "gateway-api-inference-extension"
+# GIE's body-based router (BBR) also names its ext_proc span `gateway.request`
+# (gateway-api-inference-extension v1.5.0 pkg/bbr/handlers/server.go, scope
+# `gateway-api-inference-extension/bbr/extproc`, service `gateway-api-inference-extension/bbr`
+# from cmd/bbr/runner/runner.go). It is not the EPP's and never anchors a request.
+BBR_SCOPE_PREFIX = "gateway-api-inference-extension/bbr"
+BBR_SERVICES: frozenset[str] = frozenset({"gateway-api-inference-extension/bbr"})
 RAILTRACE_SCOPE_PREFIX = "railtrace"
 # Attributes only railtrace's router shim writes: a span carrying one is railtrace-instrumented.
 ROUTER_SHIM_PREFIX = semconv.ROUTER_PROFILE.rsplit(".", 1)[0] + "."
@@ -205,3 +211,19 @@ def lookup(name: str) -> Rule | None:
         if pattern.fullmatch(name):
             return candidate
     return None
+
+
+# EPP endpoint ids: `<namespace>/<pod>-rank-<i>`, one per data-parallel rank of a Pod
+# (llm-d-router pkg/epp/datastore/datastore.go `pod.Name + "-rank-" + strconv.Itoa(idx)`,
+# v0.9.0 and later; gateway-api-inference-extension v1.5.0 the same). The Pod is the id
+# without namespace and suffix.
+ENDPOINT_RANK_SUFFIX = re.compile(r"-rank-\d+$")
+
+
+def endpoint_pod(endpoint_id: str) -> str | None:
+    """The Pod name an EPP endpoint id stands for (`ns/pod-rank-0` -> `pod`); None for a
+    `host:port` address or an empty name."""
+    if not endpoint_id or endpoint_id.count("/") != 1 or ":" in endpoint_id:
+        return None
+    pod = ENDPOINT_RANK_SUFFIX.sub("", endpoint_id.split("/", 1)[1])
+    return pod or None

@@ -24,6 +24,7 @@ from railtrace.ingest import Overloaded, WriterUnavailable, prepare
 from railtrace.otlp import PayloadError
 from railtrace.server.deps import RuntimeDep
 from railtrace.server.security import ContentFilter
+from railtrace.server.senders import FORWARDED_HEADER, sender_address
 from railtrace.store import RowBatch
 
 PROTOBUF = "application/x-protobuf"
@@ -77,9 +78,9 @@ def _inflate(data: bytes, wbits: int, limit: int) -> bytes:
             return bytes(out)  # gzip may hold several members; zlib/raw streams end here
 
 
-def _prepare(content: ContentFilter, raw: bytes, media: str) -> RowBatch:
+def _prepare(content: ContentFilter, raw: bytes, media: str, sender: str | None = None) -> RowBatch:
     """Drop configured content attributes, then parse and build rows."""
-    return prepare(content.apply(raw, media), media, content_free=content.covers_content)
+    return prepare(content.apply(raw, media), media, content_free=content.covers_content, sender=sender)
 
 
 def _encode(message: Message, json: bool) -> tuple[bytes, str]:
@@ -138,6 +139,11 @@ async def export_traces(request: Request, rt: RuntimeDep) -> Response:
     except ClientDisconnect:
         metrics.export_done("http", "disconnected")
         return _status(400, code_pb2.CANCELLED, "client went away before sending its body", as_json)
+    sender = sender_address(
+        request.client.host if request.client else None,
+        request.headers.getlist(FORWARDED_HEADER),
+        rt.trusted_proxies,
+    )
     try:
         raw = bytes(body)
         # Only the rows stay while the export waits for its commit: the body, read and
@@ -150,9 +156,9 @@ async def export_traces(request: Request, rt: RuntimeDep) -> Response:
             # A typical exporter batch (512 spans, ~400 KB) takes a few milliseconds to parse.
             # Handing it to a worker thread costs more CPU than that (thread wake-ups, GIL
             # hand-offs), and the GIL gives the thread no parallelism anyway.
-            batch = _prepare(rt.content_filter, raw, media)
+            batch = _prepare(rt.content_filter, raw, media, sender)
         else:
-            batch = await run_in_threadpool(_prepare, rt.content_filter, raw, media)
+            batch = await run_in_threadpool(_prepare, rt.content_filter, raw, media, sender)
         del raw
     except TooLarge:
         metrics.export_done("http", "too_large")

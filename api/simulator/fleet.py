@@ -674,8 +674,15 @@ def railtrace_doc(fleet: Fleet) -> dict[str, Any]:
             {"name": n.name, "gpus": [{"name": g.name, "numa": g.numa} for g in n.gpus]} for n in fleet.nodes
         ],
         "pods": [
-            {"name": p.name, "namespace": NAMESPACE, "node": p.node.name, "ip": p.ip, "port": VLLM_PORT,
-             "role": p.role, "engineId": p.engine_id}
+            {
+                "name": p.name,
+                "namespace": NAMESPACE,
+                "node": p.node.name,
+                "ip": p.ip,
+                "port": VLLM_PORT,
+                "role": p.role,
+                "engineId": p.engine_id,
+            }
             for p in fleet.pods
         ],
     }

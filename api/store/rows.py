@@ -42,6 +42,7 @@ from railtrace.otlp.decode import (
     attributes,
 )
 from railtrace_tracing import semconv
+from railtrace_tracing.semconv import RES_OTLP_PEER
 
 # A trace's spans from one export call: [trace_id, chunk_id, received_ns (set by the writer at
 # commit), span_count, body, has_root]; the first five are the `span_chunks` columns.
@@ -343,13 +344,26 @@ _ZERO_TRACE = bytes(16)
 _ZERO_SPAN = bytes(8)
 
 
-def _scopes(request: ExportTraceServiceRequest, batch: RowBatch) -> list[tuple[int, Any]]:
+def stamp_sender(resource: dict[str, Any], sender: str | None) -> dict[str, Any]:
+    """Record who sent a resource (`railtrace.otlp.peer`): the service's own observation,
+    so a sender's value for the key is replaced, never trusted. Identity resolution matches it
+    against the topology's pod IPs (docs/normalisation.md, "Identity")."""
+    if sender:
+        resource[RES_OTLP_PEER] = sender
+    else:
+        resource.pop(RES_OTLP_PEER, None)
+    return resource
+
+
+def _scopes(
+    request: ExportTraceServiceRequest, batch: RowBatch, sender: str | None = None
+) -> list[tuple[int, Any]]:
     """(resource id, ScopeSpans) of each scope of the call, in order; the resources go into
     the batch. Resource attributes are decoded once per call, not per span."""
     result = DecodeResult()
     out: list[tuple[int, Any]] = []
     for rs in request.resource_spans:
-        resource = attributes(rs.resource.attributes, DEFAULT_DROP, result)
+        resource = stamp_sender(attributes(rs.resource.attributes, DEFAULT_DROP, result), sender)
         for ss in rs.scope_spans:
             rid, blob = resource_key(resource, ss.scope.name[:256])
             batch.resources[rid] = blob
@@ -359,7 +373,10 @@ def _scopes(request: ExportTraceServiceRequest, batch: RowBatch) -> list[tuple[i
 
 
 def rows_from_request(
-    request: ExportTraceServiceRequest, raw: bytes | None = None, content_free: bool = False
+    request: ExportTraceServiceRequest,
+    raw: bytes | None = None,
+    content_free: bool = False,
+    sender: str | None = None,
 ) -> RowBatch:
     """Rows for every valid span of a parsed export request; invalid spans are counted with a
     reason. The Python path: `rows_from_bytes` gives the same rows without parsing the call
@@ -375,11 +392,11 @@ def rows_from_request(
     check_content = not content_free and may_hold_content(
         raw if raw is not None else request.SerializeToString()
     )
-    _rows_python(raw, _scopes(request, batch), check_content, batch)
+    _rows_python(raw, _scopes(request, batch, sender), check_content, batch)
     return batch
 
 
-def rows_from_bytes(raw: bytes, content_free: bool = False) -> RowBatch | None:
+def rows_from_bytes(raw: bytes, content_free: bool = False, sender: str | None = None) -> RowBatch | None:
     """Rows for an export call straight from its bytes, without the protobuf library parsing
     its spans: the C accelerator checks that the library would parse each of them (field
     shapes, UTF-8, nesting) while it builds the rows, and only the few resource and scope
@@ -404,7 +421,9 @@ def rows_from_bytes(raw: bytes, content_free: bool = False) -> RowBatch | None:
             resource = resources.get(resource_bytes)
             if resource is None:
                 message = Resource.FromString(resource_bytes)
-                resource = resources[resource_bytes] = attributes(message.attributes, DEFAULT_DROP, result)
+                resource = resources[resource_bytes] = stamp_sender(
+                    attributes(message.attributes, DEFAULT_DROP, result), sender
+                )
             scope = InstrumentationScope.FromString(scope_bytes)
             rid, blob = resource_key(resource, scope.name[:256])
             batch.resources[rid] = blob

@@ -140,9 +140,10 @@ def test_orphan_llm_request_alone_is_one_request_and_joins_when_the_rest_arrives
     spans = load_spans("pd-v0.9-orphan-vllm")
     orphans = [s for s in spans if s.name == "llm_request"]
     alone = assemble(copy.deepcopy(orphans))
-    assert len(alone) == 1  # both legs share the request id: one request, flagged
-    assert [f.name for f in alone[0].flags] == ["broken_trace"]
-    assert not alone[0].complete
+    assert len(alone) == 1  # both legs share the request id: one request
+    assert alone[0].flags == []  # both engines traced, sidecar not: coverage, not a flag
+    assert alone[0].coverage["recipe"] == "engines"
+    assert not alone[0].complete  # no outermost hop (gateway or sidecar) seen
     assert len(assemble(spans)) == 1
 
 
