@@ -628,7 +628,7 @@ class Store:
         plus ~24 rollup rows per group and day, not the window's every request.
         """
         if group_by not in DIMENSIONS:
-            raise StoreError("group_by must be one of path_class, flag, pair")
+            raise StoreError("group_by must be one of path_class, flag, pair, coverage")
         lo = None if since_ns is None else -hour_of(-since_ns)  # start of the first whole hour
         hi = None if until_ns is None else hour_of(until_ns)  # end of the last one
         parts: list[Iterable[tuple[tuple[Any, ...], tuple[Any, ...]]]] = []
@@ -647,7 +647,7 @@ class Store:
                     acc = totals.setdefault(key, [0, 0.0, 0, 0.0, 0])
                     for i, v in enumerate(sums):
                         acc[i] += v
-        names = ("prefill_node", "decode_node", "pairing_level") if group_by == "pair" else (group_by,)
+        names = STATS_KEYS.get(group_by, (group_by,))
         ranked = sorted(
             ((k, v) for k, v in totals.items() if v[0] > 0),
             key=lambda kv: (-kv[1][0], [(x is None, x or "") for x in kv[0]]),
@@ -951,6 +951,8 @@ def _raw_stats(
         keys: tuple[Any, ...] = (r.c.flag_names,)
     elif group_by == "path_class":
         keys = (r.c.path_class,)
+    elif group_by == "coverage":
+        keys = (r.c.coverage, r.c.resolution)
     else:
         keys = (r.c.prefill_node, r.c.decode_node, r.c.pairing_level)
     ttft, kv = r.c.ttft_s, r.c.kv_duration_s
@@ -1018,10 +1020,27 @@ def _request_row(s: RequestSummary, now_ns: int, flag_names: list[str]) -> dict[
         "decode_pod": _text(s.decode.get("pod")),
         "decode_node": _text(s.decode.get("node")),
         "pairing_level": _text(s.pairing_level),
+        "coverage": _text(str(s.coverage.get("recipe") or "")[:32] or None),
+        "resolution": resolution_of(s),
         "flag_names": ",".join(flag_names),
         "summary": orjson.dumps(s.to_dict(), option=orjson.OPT_NON_STR_KEYS),
         "updated_ns": now_ns,
     }
+
+
+# Group value names of the multi-key stats dimensions.
+STATS_KEYS = {
+    "pair": ("prefill_node", "decode_node", "pairing_level"),
+    "coverage": ("recipe", "resolution"),
+}
+
+
+def resolution_of(s: RequestSummary) -> str:
+    """`<prefill method>+<decode method>` when both legs reached node, GPU and NIC (the
+    identity evidence that decided each pod), else `unresolved`."""
+    if not s.resolved:
+        return "unresolved"
+    return f"{s.identity.get('prefill') or 'none'}+{s.identity.get('decode') or 'none'}"[:64]
 
 
 def _text(value: str | None) -> str | None:

@@ -335,3 +335,6 @@ def test_release_end_to_end(db_url: str, fleet_dir: tuple[Path, Any], rel: Relea
         for ident in forms:
             r = httpx.get(f"{svc.http_url}/api/v1/requests/{ident}")
             assert r.status_code == 200 and r.json()["trace_id"] == summary["trace_id"], ident
+        groups = httpx.get(f"{svc.http_url}/api/v1/stats", params={"group_by": "coverage"}).json()["groups"]
+        resolution = "otlp_peer+otlp_peer" if recipe == "full" else "unresolved"
+        assert [(g["recipe"], g["resolution"], g["requests"]) for g in groups] == [(recipe, resolution, 1)]
