@@ -135,11 +135,18 @@ def resolve_endpoint(
     return out, list(known)
 
 
+def _serving(topology: Topology, pod: Pod) -> bool:
+    """A model-server pod: it holds devices or says its P/D role or engine. A sender address
+    that is some other pod's (an OTel collector forwarding without X-Forwarded-For) names no leg."""
+    return bool(pod.claims or pod.role or pod.engine_id or topology.allocations_of(pod))
+
+
 def _unique_pod_at(topology: Topology, ip: str | None) -> Pod | None:
-    """The one non-host-network Pod with this IP (a host-network pod shares its node's IP)."""
+    """The one non-host-network serving Pod with this IP (a host-network pod shares its node's
+    IP, so its address names no pod)."""
     if not ip or not _is_ip(ip):
         return None
-    pods = [p for p in topology.pods_at(ip) if not p.host_network]
+    pods = [p for p in topology.pods_at(ip) if not p.host_network and _serving(topology, p)]
     return pods[0] if len(pods) == 1 else None
 
 
