@@ -73,7 +73,17 @@ def test_fixture_spans_normalise_as_expected(name: str) -> None:
         ),
         ("pick_pd_profile", "x", "", "scheduling", "pick_pd_profile", "current"),
         ("tokenize_render /render", "x", "", "scheduling", "tokenize_render /render", "current"),
-        ("llm_d.kv_cache.get_scores", "x", "", "kv_cache", "score_tokens", "v0.9"),
+        ("llm_d.kv_cache.get_scores", "x", "", "kv_cache", "score_tokens", "v0.8"),
+        ("llm_d.kv_cache.score_tokens", "x", "", "kv_cache", "score_tokens", "v0.10"),
+        # GIE v1.5.0's body-based router names its span gateway.request too: not the EPP's.
+        (
+            "gateway.request",
+            "gateway-api-inference-extension/bbr",
+            "gateway-api-inference-extension/bbr/extproc",
+            "other",
+            "gateway.request",
+            "gie",
+        ),
         ("llm_d.pd_proxy.request", "pd-sidecar", "", "proxy", "forward_request", "v0.8"),
         ("llm_d.pd_proxy.GET /v1/models", "x", "", "proxy", "llm_d.pd_proxy.GET /v1/models", "current"),
         ("chunked_decode", "x", "", "decode", "chunked_decode", "current"),
