@@ -201,6 +201,16 @@ def emit(url: str, rel: Release, recipe: str, prefill: Pod, decode: Pod) -> dict
         decode.ip,
     )
     processes += [epp, sidecar, prefill_vllm, worker]
+    # GIE v1.5.0's body-based router, in front of the EPP, starts its own root `gateway.request`
+    # (pkg/bbr/handlers/server.go): not the EPP's, never a request of its own.
+    bbr = Process(
+        url,
+        {"service.name": "gateway-api-inference-extension/bbr"},
+        "gateway-api-inference-extension/bbr/extproc",
+        None,
+    )
+    processes.append(bbr)
+    bbr.span("gateway.request", -0.5, 0.0, {}, kind=trace.SpanKind.SERVER)
     rid = {"gen_ai.request.id": epp_id}
     gateway = epp.tracer.start_span("gateway.request", kind=trace.SpanKind.SERVER, start_time=T0)
     orch = epp.span("gateway.request_orchestration", 0.1, 0.4, rid, gateway, trace.SpanKind.SERVER)
@@ -335,6 +345,8 @@ def test_release_end_to_end(db_url: str, fleet_dir: tuple[Path, Any], rel: Relea
         for ident in forms:
             r = httpx.get(f"{svc.http_url}/api/v1/requests/{ident}")
             assert r.status_code == 200 and r.json()["trace_id"] == summary["trace_id"], ident
+        listed = httpx.get(f"{svc.http_url}/api/v1/requests").json()["items"]
+        assert [r["trace_id"] for r in listed] == [summary["trace_id"]]  # the BBR's span is no request
         groups = httpx.get(f"{svc.http_url}/api/v1/stats", params={"group_by": "coverage"}).json()["groups"]
         resolution = "otlp_peer+otlp_peer" if recipe == "full" else "unresolved"
         assert [(g["recipe"], g["resolution"], g["requests"]) for g in groups] == [(recipe, resolution, 1)]
