@@ -244,6 +244,15 @@ class RequestSummary:
 
 
 LEG_KEYS = ("pod", "node", "gpu", "nic", "rail")
+UNRESOLVED = "unresolved"
+
+
+def resolution_label(resolved: bool, identity: dict[str, str | None]) -> str:
+    """How both legs reached node, GPU and NIC: `<prefill identity>+<decode identity>` (the
+    evidence that decided each pod, `semconv.Identity`), or `unresolved` (stats and metrics)."""
+    if not resolved:
+        return UNRESOLVED
+    return f"{identity.get('prefill') or 'none'}+{identity.get('decode') or 'none'}"[:64]
 
 
 def leg_dict(endpoint: Endpoint) -> dict[str, str | None]:

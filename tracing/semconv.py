@@ -527,6 +527,13 @@ M_REQUESTS = _metric(
     "llm_d_tracing_requests_total", "counter", "Requests assembled, by path class.", ("path_class", "model")
 )
 M_FLAGS = _metric("llm_d_tracing_flags_total", "counter", "Flags raised on requests.", ("flag", "path_class"))
+M_LEG_RESOLUTION = _metric(
+    "llm_d_tracing_leg_resolution_total",
+    "counter",
+    "Requests assembled, by tracing recipe (`coverage.recipe`) and how both legs reached node, GPU "
+    "and NIC (`<prefill identity>+<decode identity>`, or `unresolved`); counted at first assembly.",
+    ("recipe", "resolution"),
+)
 M_KV_TRANSFERS = _metric(
     "llm_d_tracing_kv_transfers_total", "counter", "KV transfers seen.", ("transport", "path_class")
 )

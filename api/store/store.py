@@ -41,7 +41,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import Executable
 
-from railtrace.model import RequestSummary, Span
+from railtrace.model import RequestSummary, Span, resolution_label
 from railtrace.normalize import normalize_span, request_id_forms
 from railtrace.store.engine import SqliteWal, SqliteWriters, checkpoint_sqlite_wal, is_sqlite
 from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
@@ -1021,7 +1021,7 @@ def _request_row(s: RequestSummary, now_ns: int, flag_names: list[str]) -> dict[
         "decode_node": _text(s.decode.get("node")),
         "pairing_level": _text(s.pairing_level),
         "coverage": _text(str(s.coverage.get("recipe") or "")[:32] or None),
-        "resolution": resolution_of(s),
+        "resolution": resolution_label(s.resolved, s.identity),
         "flag_names": ",".join(flag_names),
         "summary": orjson.dumps(s.to_dict(), option=orjson.OPT_NON_STR_KEYS),
         "updated_ns": now_ns,
@@ -1033,14 +1033,6 @@ STATS_KEYS = {
     "pair": ("prefill_node", "decode_node", "pairing_level"),
     "coverage": ("recipe", "resolution"),
 }
-
-
-def resolution_of(s: RequestSummary) -> str:
-    """`<prefill method>+<decode method>` when both legs reached node, GPU and NIC (the
-    identity evidence that decided each pod), else `unresolved`."""
-    if not s.resolved:
-        return "unresolved"
-    return f"{s.identity.get('prefill') or 'none'}+{s.identity.get('decode') or 'none'}"[:64]
 
 
 def _text(value: str | None) -> str | None:

@@ -350,3 +350,5 @@ def test_release_end_to_end(db_url: str, fleet_dir: tuple[Path, Any], rel: Relea
         groups = httpx.get(f"{svc.http_url}/api/v1/stats", params={"group_by": "coverage"}).json()["groups"]
         resolution = "otlp_peer+otlp_peer" if recipe == "full" else "unresolved"
         assert [(g["recipe"], g["resolution"], g["requests"]) for g in groups] == [(recipe, resolution, 1)]
+        series = f'llm_d_tracing_leg_resolution_total{{recipe="{recipe}",resolution="{resolution}"}} 1.0'
+        assert series in httpx.get(f"{svc.http_url}/metrics").text.splitlines()
