@@ -667,14 +667,19 @@ def coverage_of(req: _Request) -> dict[str, Any]:
 
 def _missing_hops(req: _Request) -> list[tuple[str, str | None]]:
     """Traced hops that lost their link. Hops the deployment does not trace are not here:
-    they are in `coverage`. The cases: a prefill leg whose decode leg -- traced wherever
-    prefill is, in every recipe -- is missing; a KV-transfer span that joined no engine or
+    they are in `coverage`. The cases: a prefill engine span whose decode engine span -- traced
+    wherever prefill is, in every recipe -- is missing; a KV-transfer span that joined no engine or
     sidecar span although it carries the request's id."""
     missing: list[tuple[str, str | None]] = []
     engines = req.engine
-    if PREFILL in engines and DECODE not in engines and not req.sc_decode:
+    if PREFILL in engines and DECODE not in engines:
         span = engines[PREFILL]
-        missing.append((f"prefill leg {_ref(span)} has no decode leg in any trace", span.span_id))
+        missing.append(
+            (
+                f"prefill leg {_ref(span)} has no decode vLLM {semconv.SPAN_VLLM_REQUEST} in any trace",
+                span.span_id,
+            )
+        )
     router_only = all(s.role in ROUTER_ONLY_ROLES for s in req.spans)
     if not req.sidecar_spans and not engines and not router_only and req.kv_spans:
         span = req.kv_spans[0]
