@@ -587,14 +587,17 @@ def _endpoint(req: _Request, leg: str, picks: list[RouterPick]) -> Endpoint:
                     endpoint.pod, endpoint.identity = pod, IDENTITY.EPP_PICK
                     break
     if leg == DECODE:
-        # nixlv2: the sidecar runs in the decode pod, so its sender is the decode pod's address.
+        # nixlv2: the sidecar runs in the decode pod, so its pod (when the collector named it)
+        # and its sender address are the decode pod's.
         for span in req.sidecar_spans:
             resource = span.resource if isinstance(span.resource, dict) else {}
-            endpoint.sidecar_peer = _str(resource.get(semconv.RES_POD_IP)) or _str(
-                resource.get(semconv.RES_OTLP_PEER)
+            if endpoint.pod is None and _str(resource.get(semconv.RES_POD)):
+                endpoint.pod, endpoint.identity = _str(resource.get(semconv.RES_POD)), IDENTITY.SIDECAR_POD
+            endpoint.sidecar_peer = (
+                endpoint.sidecar_peer
+                or _str(resource.get(semconv.RES_POD_IP))
+                or _str(resource.get(semconv.RES_OTLP_PEER))
             )
-            if endpoint.sidecar_peer:
-                break
     return endpoint
 
 
