@@ -28,14 +28,38 @@ class Settings(BaseSettings):
 
     # Ingest.
     max_body_bytes: int = Field(16 * 1024 * 1024, description="Limit before and after decompression.")
+    max_drain_bytes: int = Field(
+        64 * 1024 * 1024,
+        description="A body over max_body_bytes is read and discarded up to this many bytes before the"
+        " 413 is sent, so ordinary clients read the 413 instead of a reset connection; beyond it the"
+        " 413 is sent at once and the connection closed.",
+    )
     max_pending_spans: int = Field(200_000, description="Accepted-but-uncommitted spans before 429/503.")
     write_batch_spans: int = 4096
+    max_spans_per_trace: int = Field(
+        10_000,
+        ge=0,
+        description="Spans one trace id may hold; an export call's spans of a trace that would take it"
+        " past this are dropped and answered as partial success (0: no cap).",
+    )
     parse_inline_max_bytes: int = Field(
         1024 * 1024,
         description="Protobuf exports up to this size (after decompression) are parsed on the event loop,"
         " not in a worker thread (0: always a worker thread).",
     )
     retry_after_s: int = 1
+    write_retry_max_s: float = Field(
+        5.0,
+        gt=0,
+        description="While database writes fail, the writer retries the database itself, backing off"
+        " from 0.1 s up to this; exports are refused (503) until a write commits.",
+    )
+    write_failure_restart_s: float = Field(
+        300.0,
+        ge=0,
+        description="Database writes failing for this long make the liveness probe (/healthz) answer 503,"
+        " so the orchestrator restarts the process; 0: never.",
+    )
 
     # Assembly.
     quiet_period_s: float = Field(2.0, description="A request is assembled this long after its last span.")
@@ -81,7 +105,28 @@ class Settings(BaseSettings):
         description="Addresses/CIDRs of proxies (e.g. an OTel collector) whose X-Forwarded-For header "
         "or gRPC metadata names the real OTLP sender; from anyone else it is ignored.",
     )
-    max_connections: int = Field(1000, description="Open HTTP connections before new ones get 503.")
+    max_connections: int = Field(
+        1000,
+        description="Open HTTP connections. At the limit a new connection closes the one that has waited"
+        " longest for a request head (idle or slow); only if every one has a request in progress is the"
+        " new one answered 503.",
+    )
+    max_request_line_bytes: int = Field(8192, description="Longest request URL (HTTP 414 beyond it).")
+    max_headers: int = Field(100, description="Most headers in a request (HTTP 431 beyond it).")
+    max_head_bytes: int = Field(
+        64 * 1024,
+        description="Most bytes of a request head, request line and headers (HTTP 431 beyond it); also"
+        " gRPC's limit on a call's metadata.",
+    )
+    head_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A request head must be complete this long after its first byte, else the"
+        " connection is closed; also the gRPC connection handshake's deadline.",
+    )
+    idle_timeout_s: float = Field(
+        30.0, gt=0, description="An HTTP or gRPC connection with no request in progress is closed after this."
+    )
     body_timeout_s: float = Field(30.0, description="An export's body must arrive within this, else 408.")
 
     # Privacy.

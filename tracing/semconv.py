@@ -596,6 +596,11 @@ M_EXPORTS = _metric(
     "OTLP export calls, by receiver and outcome.",
     ("protocol", "outcome"),
 )
+M_TRACE_SPAN_LIMIT_DROPPED = _metric(
+    "llm_d_tracing_trace_span_limit_dropped_spans_total",
+    "counter",
+    "Spans dropped because their trace id already held `max_spans_per_trace` spans.",
+)
 M_DUPLICATE_SPANS = _metric(
     "llm_d_tracing_duplicate_spans_total", "counter", "Spans received again (exporter retries)."
 )
@@ -605,6 +610,8 @@ M_LATE_SPANS = _metric(
 M_STITCHED = _metric(
     "llm_d_tracing_stitched_requests_total", "counter", "Requests joined from several traces."
 )
+# `reason` of M_SPANS_REJECTED for spans dropped by the per-trace cap.
+REJECT_TRACE_SPAN_LIMIT = "trace_span_limit"
 M_REDONE = _metric(
     "llm_d_tracing_assembly_redone_total",
     "counter",

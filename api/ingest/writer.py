@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from railtrace.otlp.decode import parse_json, parse_protobuf
 from railtrace.store import InsertResult, RowBatch, Store, rows_from_bytes, rows_from_request
@@ -56,8 +58,39 @@ def prepare(
     return rows_from_request(parse_protobuf(body), raw=body, content_free=content_free, sender=sender)
 
 
+# Failed commits in a row after which exports are refused (503) until the database takes a
+# write again.
+FAILURES_BEFORE_REFUSING = 3
+
+
+def _database_failing(exc: BaseException) -> bool:
+    """Whether `exc` says the database cannot take writes at all, rather than that one
+    export's rows were refused: a lost or refused connection, a full disk, an I/O error."""
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
+
+
+def partial_success(batch: RowBatch, result: InsertResult | None, cap: int) -> tuple[int, str]:
+    """`partial_success` of an export: spans rejected as invalid plus spans dropped by the
+    per-trace cap, and a message naming both reasons."""
+    dropped = result.dropped if result is not None else 0
+    message = batch.error_message
+    if dropped:
+        why = f"{dropped} spans dropped: their trace already holds the most spans one trace may ({cap})"
+        message = f"{message}; {why}" if message else why
+    return batch.rejected + dropped, message
+
+
 class BulkWriter:
-    """Single writer thread with bounded pending spans."""
+    """Single writer thread with bounded pending spans.
+
+    After `FAILURES_BEFORE_REFUSING` failed commits in a row it refuses exports and probes the
+    database itself with a small write transaction (`Store.probe_write`), backing off from
+    `retry_initial_s` to `retry_max_s`: the first probe that commits makes it accept again.
+    Without the probe a refusing writer never commits again, so nothing would ever end the
+    refusal (an outage of a few seconds stopped ingest for good).
+    """
 
     def __init__(
         self,
@@ -67,27 +100,60 @@ class BulkWriter:
         max_pending_spans: int = 200_000,
         on_commit: Callable[[InsertResult], None] | None = None,
         on_depth: Callable[[int], None] | None = None,
+        retry_initial_s: float = 0.1,
+        retry_max_s: float = 5.0,
+        on_recovered: Callable[[float], None] | None = None,
     ) -> None:
         self.store = store
         self.batch_spans = max(1, batch_spans)
         self.max_pending_spans = max_pending_spans
         self._on_commit = on_commit
         self._on_depth = on_depth
+        self._on_recovered = on_recovered
+        self.retry_initial_s = max(0.01, retry_initial_s)
+        self.retry_max_s = max(self.retry_initial_s, retry_max_s)
         self._queue: deque[tuple[RowBatch, Done]] = deque()
         self._cond = threading.Condition()
         self._pending = 0
         self._running = False
         self._thread: threading.Thread | None = None
         self.consecutive_failures = 0
+        self._failing_since: float | None = None  # monotonic time of the streak's first failure
+        self._retry_delay = self.retry_initial_s
+        self._next_probe = 0.0
         self.commits = 0
+        self.probes = 0
+        self._busy_since: float | None = None  # monotonic start of the commit or probe under way
 
     @property
     def pending(self) -> int:
         return self._pending
 
     @property
+    def refusing(self) -> bool:
+        return self.consecutive_failures >= FAILURES_BEFORE_REFUSING
+
+    @property
     def healthy(self) -> bool:
-        return self._running and self.consecutive_failures < 3
+        return self._running and not self.refusing
+
+    @property
+    def alive(self) -> bool:
+        """The writer thread runs (False before start, after stop, or if it died)."""
+        return self._running and self._thread is not None and self._thread.is_alive()
+
+    @property
+    def stuck_for(self) -> float:
+        """Seconds the commit (or probe) under way has taken so far (0: none). A database that
+        stops answering without closing the connection (packets dropped) holds it for good."""
+        since = self._busy_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    @property
+    def failing_for(self) -> float:
+        """Seconds since the first failure of the current streak of failed writes (0: none)."""
+        since = self._failing_since
+        return 0.0 if since is None else time.monotonic() - since
 
     def start(self) -> None:
         self._running = True
@@ -112,8 +178,8 @@ class BulkWriter:
         with self._cond:
             if not self._running:
                 raise WriterUnavailable("service is stopping")
-            if self.consecutive_failures >= 3:
-                raise WriterUnavailable("database writes are failing")
+            if self.refusing:
+                raise WriterUnavailable("database writes are failing; retrying")
             if self._pending and self._pending + n > self.max_pending_spans:
                 raise Overloaded(f"{self._pending} spans waiting for commit")
             self._pending += n
@@ -157,7 +223,13 @@ class BulkWriter:
     def _take(self) -> list[tuple[RowBatch, Done]]:
         with self._cond:
             while self._running and not self._queue:
-                self._cond.wait(0.5)
+                if self.refusing:
+                    wait = self._next_probe - time.monotonic()
+                    if wait <= 0:
+                        return []  # time for the next probe (`_run`)
+                    self._cond.wait(min(wait, 0.5))
+                else:
+                    self._cond.wait(0.5)
             items: list[tuple[RowBatch, Done]] = []
             spans = 0
             while self._queue and (not items or spans + len(self._queue[0][0]) <= self.batch_spans):
@@ -172,22 +244,73 @@ class BulkWriter:
             if not items:
                 if not self._running:
                     return
+                if self.refusing and time.monotonic() >= self._next_probe:
+                    self._probe()
                 continue
             self._commit(items)
 
+    def _probe(self) -> None:
+        """One write transaction while refusing; success ends the refusal, failure backs off."""
+        self.probes += 1
+        self._busy_since = time.monotonic()
+        try:
+            self.store.probe_write()
+        except Exception as exc:
+            self._busy_since = None
+            self._retry_delay = min(self._retry_delay * 2, self.retry_max_s)
+            self._next_probe = time.monotonic() + self._retry_delay
+            log.warning(
+                "database still not writable (%s: %s); next try in %.1fs",
+                type(exc).__name__,
+                str(exc).splitlines()[0][:200] if str(exc) else "",
+                self._retry_delay,
+            )
+            return
+        self._busy_since = None
+        self._succeeded()
+
+    def _failed(self) -> None:
+        self.consecutive_failures += 1
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
+        if self.consecutive_failures == FAILURES_BEFORE_REFUSING:
+            log.error("database writes are failing: refusing exports and retrying the database")
+            self._retry_delay = self.retry_initial_s
+            self._next_probe = time.monotonic() + self._retry_delay
+
+    def _succeeded(self) -> None:
+        if self._failing_since is not None:
+            outage = time.monotonic() - self._failing_since
+            if self.refusing:
+                log.warning("database writes work again after %.1fs: accepting exports", outage)
+            if self._on_recovered:
+                try:
+                    self._on_recovered(outage)
+                except Exception:
+                    log.exception("on_recovered hook failed")
+        self.consecutive_failures = 0
+        self._failing_since = None
+        self._retry_delay = self.retry_initial_s
+
     def _commit(self, items: list[tuple[RowBatch, Done]]) -> None:
+        self._busy_since = time.monotonic()
         try:
             result = self.store.insert_batches([b for b, _ in items])
         except Exception as exc:
-            if len(items) > 1:  # one bad export must not fail the others: retry one by one
+            self._busy_since = None
+            # One bad export must not fail the others: retry one by one. Not when the database
+            # itself is failing (unreachable, disk full): each retry would only fail again, and
+            # against an unreachable server each waits for its connect timeout.
+            if len(items) > 1 and not _database_failing(exc):
                 for item in items:
                     self._commit([item])
                 return
             log.warning("span insert failed: %s", exc)
-            self.consecutive_failures += 1
+            self._failed()
             self._finish(items, None, WriterUnavailable(f"database write failed: {type(exc).__name__}"))
             return
-        self.consecutive_failures = 0
+        self._busy_since = None
+        self._succeeded()
         self.commits += 1
         if self._on_commit:
             try:
@@ -199,10 +322,13 @@ class BulkWriter:
             self._finish(items, result, None)
         else:
             total = sum(len(b) for b, _ in items) or 1
-            for b, done in items:
+            by_batch = result.dropped_by_batch or [0] * len(items)
+            for (b, done), dropped in zip(items, by_batch, strict=True):
+                kept = len(b) - dropped
                 share = InsertResult(
-                    inserted=round(result.inserted * len(b) / total),
-                    duplicates=round(result.duplicates * len(b) / total),
+                    inserted=round(result.inserted * kept / total),
+                    duplicates=round(result.duplicates * kept / total),
+                    dropped=dropped,
                 )
                 self._finish([(b, done)], share, None)
 

@@ -16,6 +16,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from railtrace.ingest import Overloaded, WriterUnavailable, prepare
+from railtrace.ingest.writer import partial_success
 from railtrace.otlp import PayloadError
 from railtrace.server.runtime import Runtime
 from railtrace.server.security import TokenInterceptor, grpc_credentials
@@ -61,10 +62,10 @@ class TraceService:
         except PayloadError as exc:
             metrics.export_done("grpc", "invalid")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        inserted = 0
+        result = None
         if len(batch):
             try:
-                inserted = self.rt.writer.write_sync(batch).inserted
+                result = self.rt.writer.write_sync(batch)
             except Overloaded as exc:
                 metrics.throttled("grpc")
                 self._abort_retry(
@@ -74,10 +75,12 @@ class TraceService:
                 metrics.throttled("grpc")
                 self._abort_retry(context, grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE, str(exc))
         response = ExportTraceServiceResponse()
-        if batch.rejected:
-            response.partial_success.rejected_spans = batch.rejected
-            response.partial_success.error_message = batch.error_message
-        metrics.export_done("grpc", "partial" if batch.rejected else "ok", inserted, batch.rejected)
+        rejected, message = partial_success(batch, result, self.rt.settings.max_spans_per_trace)
+        if rejected:
+            response.partial_success.rejected_spans = rejected
+            response.partial_success.error_message = message
+        inserted = result.inserted if result is not None else 0
+        metrics.export_done("grpc", "partial" if rejected else "ok", inserted, batch.rejected)
         return response
 
 
@@ -87,7 +90,15 @@ def make_grpc_server(runtime: Runtime, host: str, port: int, workers: int = 16) 
     settings = runtime.settings
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="railtrace-grpc"),
-        options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.so_reuseport", 0),
+            # Bounds before authentication (the token is checked once the call's metadata is in).
+            ("grpc.max_metadata_size", settings.max_head_bytes),
+            ("grpc.server_handshake_timeout_ms", int(settings.head_timeout_s * 1000)),
+            ("grpc.max_connection_idle_ms", int(settings.idle_timeout_s * 1000)),
+            ("grpc.max_concurrent_streams", 100),
+        ],
         interceptors=[TokenInterceptor(settings.ingest_token)] if settings.ingest_token else None,
     )
     service = TraceService(runtime)

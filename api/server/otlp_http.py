@@ -10,7 +10,6 @@ the limit, never inflated in full), 415 for other media types or encodings, 429/
 from __future__ import annotations
 
 import asyncio
-import zlib
 
 from fastapi import APIRouter, Request, Response
 from google.protobuf import json_format
@@ -21,7 +20,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from railtrace.ingest import Overloaded, WriterUnavailable, prepare
+from railtrace.ingest.writer import partial_success
 from railtrace.otlp import PayloadError
+from railtrace.otlp.decode import TooLarge, inflate_bounded
 from railtrace.server.deps import RuntimeDep
 from railtrace.server.security import ContentFilter
 from railtrace.server.senders import FORWARDED_HEADER, sender_address
@@ -32,50 +33,6 @@ JSON = "application/json"
 ENCODINGS = ("", "identity", "gzip", "x-gzip", "deflate")
 
 router = APIRouter(tags=["otlp"])
-
-
-class TooLarge(Exception):
-    pass
-
-
-def inflate_bounded(data: bytes, encoding: str, limit: int) -> bytes:
-    """Decompress gzip/deflate, stopping as soon as the output would exceed `limit`."""
-    # HTTP "deflate" is zlib-wrapped, but some clients send raw deflate.
-    wbits = [16 + zlib.MAX_WBITS] if encoding in ("gzip", "x-gzip") else [zlib.MAX_WBITS, -zlib.MAX_WBITS]
-    last_error: zlib.error | None = None
-    for wb in wbits:
-        try:
-            return _inflate(data, wb, limit)
-        except zlib.error as exc:
-            last_error = exc
-    raise PayloadError(f"body is not valid {encoding} data: {last_error}")
-
-
-def _inflate(data: bytes, wbits: int, limit: int) -> bytes:
-    out = bytearray()
-    pending = data
-    while True:
-        d = zlib.decompressobj(wbits)
-        buf = pending
-        while True:
-            out += d.decompress(buf, limit + 1 - len(out))
-            if len(out) > limit:
-                raise TooLarge
-            buf = d.unconsumed_tail
-            if d.eof or not buf:
-                break
-        while not d.eof:  # input consumed; drain output still held by zlib, bounded
-            chunk = d.decompress(b"", limit + 1 - len(out))
-            if not chunk:
-                break
-            out += chunk
-            if len(out) > limit:
-                raise TooLarge
-        if not d.eof:
-            raise zlib.error("compressed data is truncated")
-        pending = d.unused_data
-        if not pending or wbits < 0 or wbits == zlib.MAX_WBITS:
-            return bytes(out)  # gzip may hold several members; zlib/raw streams end here
 
 
 def _prepare(content: ContentFilter, raw: bytes, media: str, sender: str | None = None) -> RowBatch:
@@ -94,6 +51,12 @@ def _status(
 ) -> Response:
     body, media = _encode(status_pb2.Status(code=code, message=message), json)
     return Response(body, status_code=http, media_type=media, headers=headers)
+
+
+def _too_large_and_close(limit: int, as_json: bool) -> Response:
+    """413 for a body too big even to read and discard: the connection is closed after it."""
+    message = f"body exceeds {limit} bytes"
+    return _status(413, code_pb2.RESOURCE_EXHAUSTED, message, as_json, {"connection": "close"})
 
 
 @router.post(
@@ -117,41 +80,59 @@ async def export_traces(request: Request, rt: RuntimeDep) -> Response:
     limit = rt.settings.max_body_bytes
     too_large = _status(413, code_pb2.RESOURCE_EXHAUSTED, f"body exceeds {limit} bytes", as_json)
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    # An oversized body is read and thrown away (up to `max_drain_bytes`) before the 413 is
+    # sent: answered and closed while the client is still sending, the client's next write
+    # meets a reset and it reports that instead of the 413 (requests, httpx, the exporters).
+    over = declared.isdigit() and int(declared) > limit
+    if over and int(declared) > rt.settings.max_drain_bytes:
         metrics.export_done("http", "too_large")
-        return too_large
+        return _too_large_and_close(limit, as_json)
     retry = {"Retry-After": str(rt.settings.retry_after_s)}
-    if rt.writer.pending >= rt.settings.max_pending_spans:  # shed load before decoding
+    if not over and rt.writer.pending >= rt.settings.max_pending_spans:  # shed load before decoding
         metrics.throttled("http")
         return _status(429, code_pb2.RESOURCE_EXHAUSTED, "ingest is behind; retry later", as_json, retry)
     body = bytearray()
+    received = 0
     try:
         async with asyncio.timeout(rt.settings.body_timeout_s):  # a trickling client is cut off
             async for chunk in request.stream():
+                received += len(chunk)
+                if over:
+                    if received > rt.settings.max_drain_bytes:
+                        break
+                    continue
                 body += chunk
                 if len(body) > limit:
-                    metrics.export_done("http", "too_large")
-                    return too_large
+                    over = True
+                    body = bytearray()
     except TimeoutError:
+        if over:
+            metrics.export_done("http", "too_large")
+            return _too_large_and_close(limit, as_json)
         metrics.export_done("http", "timeout")
         message = f"body not received within {rt.settings.body_timeout_s}s"
         return _status(408, code_pb2.DEADLINE_EXCEEDED, message, as_json, {"connection": "close"})
     except ClientDisconnect:
         metrics.export_done("http", "disconnected")
         return _status(400, code_pb2.CANCELLED, "client went away before sending its body", as_json)
+    if over:
+        metrics.export_done("http", "too_large")
+        return _too_large_and_close(limit, as_json) if received > rt.settings.max_drain_bytes else too_large
     sender = sender_address(
         request.client.host if request.client else None,
         request.headers.getlist(FORWARDED_HEADER),
         rt.trusted_proxies,
     )
     try:
-        raw = bytes(body)
         # Only the rows stay while the export waits for its commit: the body, read and
         # inflated, would otherwise be held twice per queued export (found by the memory
-        # figures of benchmarks/verdicts).
-        del body
+        # figures of benchmarks/verdicts). A compressed body is inflated from the buffer it
+        # was read into, not from a copy of it.
         if encoding not in ("", "identity"):
-            raw = await run_in_threadpool(inflate_bounded, raw, encoding, limit)
+            raw = await run_in_threadpool(inflate_bounded, body, encoding, limit)
+        else:
+            raw = bytes(body)
+        del body
         if media == PROTOBUF and len(raw) <= rt.settings.parse_inline_max_bytes:
             # A typical exporter batch (512 spans, ~400 KB) takes a few milliseconds to parse.
             # Handing it to a worker thread costs more CPU than that (thread wake-ups, GIL
@@ -177,10 +158,11 @@ async def export_traces(request: Request, rt: RuntimeDep) -> Response:
         metrics.throttled("http")
         return _status(503, code_pb2.UNAVAILABLE, str(exc), as_json, retry)
     response = ExportTraceServiceResponse()
-    if batch.rejected:
-        response.partial_success.rejected_spans = batch.rejected
-        response.partial_success.error_message = batch.error_message
+    rejected, message = partial_success(batch, result, rt.settings.max_spans_per_trace)
+    if rejected:
+        response.partial_success.rejected_spans = rejected
+        response.partial_success.error_message = message
     committed = result.inserted if result else 0
-    metrics.export_done("http", "partial" if batch.rejected else "ok", committed, batch.rejected)
+    metrics.export_done("http", "partial" if rejected else "ok", committed, batch.rejected)
     body_out, out_media = _encode(response, as_json)
     return Response(body_out, status_code=200, media_type=out_media)

@@ -25,6 +25,7 @@ import uvicorn
 from railtrace.ingest.assembler import Pipeline
 from railtrace.server.app import create_app
 from railtrace.server.grpc_server import make_grpc_server
+from railtrace.server.http_limits import bounded_protocol, http_limits
 from railtrace.server.runtime import Runtime
 from railtrace.server.security import exposure_warnings
 from railtrace.settings import Settings
@@ -74,7 +75,10 @@ class Service:
                 proxy_headers=False,
                 ssl_certfile=self.settings.tls_cert,
                 ssl_keyfile=self.settings.tls_key,
-                limit_concurrency=self.settings.max_connections,
+                # The connection limit, the idle and head timeouts and the head size limits
+                # are the protocol's own (railtrace.server.http_limits).
+                http=bounded_protocol(http_limits(self.settings)),
+                timeout_keep_alive=int(self.settings.idle_timeout_s) or 1,
             )
             self._uvicorn = uvicorn.Server(config)
             self._thread = threading.Thread(

@@ -7,6 +7,9 @@ through this object (held on `app.state.runtime`), never through module globals.
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from concurrent.futures import Future
 from typing import Any
 
 from sqlalchemy import Engine
@@ -37,13 +40,14 @@ class Runtime:
         self.content_filter = content_filter(settings.drop_attributes)
         self.trusted_proxies = trusted_networks(settings.trusted_proxies)
         self.engine = make_engine(settings.db)
-        self.store = Store(self.engine)
+        self.store = Store(self.engine, max_spans_per_trace=settings.max_spans_per_trace)
         self.writer = BulkWriter(
             self.store,
             batch_spans=settings.write_batch_spans,
             max_pending_spans=settings.max_pending_spans,
             on_commit=self._committed,
             on_depth=self.metrics[semconv.M_INGEST_QUEUE].set,
+            retry_max_s=settings.write_retry_max_s,
         )
         self.topology_holder: Any = None
         self.topology_error: str | None = None
@@ -54,11 +58,64 @@ class Runtime:
         self.assembly_workers: AssemblyWorkers | None = None
         self.assembly_error: str | None = None
         self._contract_cache: Any = None
+        self._ping_lock = threading.Lock()
+        self._ping: Future[None] | None = None
+        self._ping_started = 0.0
         self.started = False
+
+    def ping_database(self, wait_s: float = 2.0) -> str | None:
+        """None if the database answered a ping within `wait_s`, else the problem.
+
+        At most one ping is under way: a server that stops answering without closing the
+        connection (packets dropped) would otherwise hold one worker thread per probe until
+        none was left for the API or for /healthz."""
+        with self._ping_lock:
+            if self._ping is None or self._ping.done():
+                self._ping = Future()
+                self._ping_started = time.monotonic()
+                threading.Thread(target=self._run_ping, args=(self._ping,), daemon=True).start()
+            ping, started = self._ping, self._ping_started
+        try:
+            ping.result(timeout=wait_s)
+        except TimeoutError:
+            return f"database: no answer for {time.monotonic() - started:.0f}s"
+        except Exception as exc:
+            return f"database: {type(exc).__name__}"
+        return None
+
+    def _run_ping(self, ping: Future[None]) -> None:
+        try:
+            self.store.ping()
+        except Exception as exc:
+            ping.set_exception(exc)
+        else:
+            ping.set_result(None)
+
+    def liveness_problems(self) -> list[str]:
+        """Why the process should be restarted: the writer thread is gone, database writes
+        have failed for longer than `write_failure_restart_s`, or one write has not returned
+        for that long (a server that drops packets). A restart may fix what retrying did not:
+        a wedged driver or connection, a stale DNS answer, a connection pool in a bad state."""
+        if not self.started:
+            return []
+        problems = []
+        if not self.writer.alive:
+            problems.append("writer: not running")
+        limit = self.settings.write_failure_restart_s
+        failing = self.writer.failing_for
+        if limit and self.writer.refusing and failing > limit:
+            problems.append(f"writer: database writes failing for {failing:.0f}s (limit {limit:g}s)")
+        stuck = self.writer.stuck_for
+        if limit and stuck > limit:
+            problems.append(f"writer: a database write has not returned for {stuck:.0f}s (limit {limit:g}s)")
+        return problems
 
     def _committed(self, result: InsertResult) -> None:
         if result.duplicates:
             self.metrics[semconv.M_DUPLICATE_SPANS].inc(result.duplicates)
+        if result.dropped:
+            self.metrics[semconv.M_TRACE_SPAN_LIMIT_DROPPED].inc(result.dropped)
+            self.metrics[semconv.M_SPANS_REJECTED].labels(semconv.REJECT_TRACE_SPAN_LIMIT).inc(result.dropped)
 
     def _load_topology(self) -> None:
         try:

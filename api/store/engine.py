@@ -121,7 +121,17 @@ def make_engine(url: str, *, sqlite_synchronous: str = "NORMAL", derived_only: b
         # Which part of railtrace holds a connection, in pg_stat_activity and the server's log,
         # unless the URL names it already.
         name = "railtrace-assembly" if derived_only else "railtrace"
-        connect_args = {} if "application_name" in parsed.query else {"application_name": name}
+        connect_args: dict[str, Any] = {}
+        if "application_name" not in parsed.query:
+            connect_args["application_name"] = name
+        if "connect_timeout" not in parsed.query:
+            # Without it a connection attempt to an unreachable server (packets dropped, not
+            # refused) waits for the kernel's TCP timeout, minutes, holding the span writer.
+            connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
+        if "tcp_user_timeout" not in parsed.query:
+            # Likewise for a statement on an open connection whose packets go unacknowledged:
+            # without it the kernel retransmits for ~15 minutes before the call fails.
+            connect_args["tcp_user_timeout"] = PG_TCP_USER_TIMEOUT_MS
         engine = create_engine(url, pool_size=8, max_overflow=8, connect_args=connect_args)
         _ping_idle_connections(engine)
 
@@ -153,6 +163,11 @@ def pg_has_lz4(conn: Connection) -> bool:
     probe = "SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'"
     return bool(conn.exec_driver_sql(probe).scalar())  # no row before PostgreSQL 14
 
+
+# Seconds a new PostgreSQL connection may take (unless the URL sets `connect_timeout`).
+PG_CONNECT_TIMEOUT_S = 10
+# Milliseconds sent data may stay unacknowledged before the connection counts as broken.
+PG_TCP_USER_TIMEOUT_MS = 30_000
 
 # A pooled PostgreSQL connection that sat unused this long is checked with a round trip before
 # it is handed out (`_ping_idle_connections`).

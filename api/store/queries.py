@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 MAX_LIMIT = 1000
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 DEFAULT_LIMIT = 100
 
 
@@ -37,6 +38,8 @@ class Cursor:
             raise StoreError("cursor is not one this service issued") from None
         if (
             not isinstance(start_ns, int)
+            or isinstance(start_ns, bool)  # JSON true/false decode as int subclasses
+            or not INT64_MIN <= start_ns <= INT64_MAX  # the column is a signed 64-bit integer
             or not isinstance(trace_id, str)
             or len(trace_id) > 64
             or "\x00" in trace_id

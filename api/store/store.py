@@ -65,6 +65,8 @@ INSERT_COLUMNS = "trace_id, chunk_id, received_ns, span_count, body"
 MAX_KNOWN_RESOURCES = 100_000
 # Seconds between the span writer's passive WAL checkpoints (`Store._checkpoint`).
 CHECKPOINT_INTERVAL_S = 0.5
+# Chunk rows a page of `Store.load_spans_page` reads per query.
+PAGE_CHUNKS = 32
 _COPY_TYPES = ["text", "int8", "int8", "int4", "bytea"]
 # PostgreSQL: a commit's request keys and trace rows, the rows of `Store._sql_key` and
 # `Store._sql_trace`, each as one statement taking one array per column (see `_rows_as_arrays`),
@@ -104,6 +106,10 @@ _STAGING_BEFORE_14 = (  # no per-column compression before PostgreSQL 14
 class InsertResult:
     inserted: int
     duplicates: int
+    # Spans not stored because their trace already held `max_spans_per_trace`: in all, and per
+    # batch passed to `insert_batches` (in its order).
+    dropped: int = 0
+    dropped_by_batch: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -137,10 +143,15 @@ class DirtyTrace:
 class Store:
     """SQL for one engine. Thread-safe: every method takes its own connection."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, max_spans_per_trace: int = 0) -> None:
         self.engine = engine
         self.sqlite = is_sqlite(engine)
         self._q = _statements(self.sqlite)
+        # Spans one trace id may hold; chunks that would take it past are dropped (0: no cap).
+        self.max_spans_per_trace = max_spans_per_trace
+        self._span_counts = select(traces.c.trace_id, traces.c.span_count).where(
+            among(traces.c.trace_id, "ids", self.sqlite)
+        )
         # Writers of a SQLite file take turns through a lock that wakes the next at once.
         self._writers = SqliteWriters(engine.url.database or "") if self.sqlite else None
         # SQLite commits do not wait for the disk; the span writer flushes the WAL after its turn.
@@ -246,8 +257,9 @@ class Store:
                     new_resources[rid] = blob
         if not rows:
             return InsertResult(0, 0)
+        dropped: list[list[Any]] = []
         with self._turn():
-            counts = self._insert(rows, new_resources, keys, received)
+            counts = self._insert(rows, new_resources, keys, received, dropped)
         if self._wal is not None:
             self._wal.sync()  # durable before any of these exports is answered
             self._checkpoint()
@@ -255,7 +267,12 @@ class Store:
             self._known_resources.clear()
         self._known_resources.update(new_resources)
         inserted = sum(counts.values())
-        return InsertResult(inserted, total - inserted)
+        if not dropped:
+            return InsertResult(inserted, total - inserted)
+        gone = {id(r) for r in dropped}
+        by_batch = [sum(r[3] for r in b.chunks if id(r) in gone) for b in batches]
+        n = sum(by_batch)
+        return InsertResult(inserted, total - inserted - n, n, by_batch)
 
     def _insert(
         self,
@@ -263,11 +280,17 @@ class Store:
         new_resources: dict[int, bytes],
         keys: set[tuple[str, str]],
         received: int,
+        dropped: list[list[Any]],
     ) -> Counter[str]:
-        """The transaction of `insert_batches`; returns the spans written per trace."""
+        """The transaction of `insert_batches`; returns the spans written per trace and adds
+        the chunk rows left out by the per-trace cap to `dropped`."""
         with self._begin() as conn:
-            if new_resources:
+            if new_resources:  # first: the caller counts them as stored whatever the cap leaves
                 conn.exec_driver_sql(self._sql_resource, list(new_resources.items()))
+            if self.max_spans_per_trace > 0:
+                rows = self._within_cap(conn, rows, dropped)
+                if not rows:
+                    return Counter()
             new = self._insert_chunks(conn, rows)
             if new < len(rows):  # some were already stored: count only the chunks this commit wrote
                 written: set[tuple[str, int]] = set()
@@ -290,6 +313,29 @@ class Store:
             trace_rows = [(tid, received, received, n, tid in roots) for tid, n in sorted(counts.items())]
             self._insert_rows(conn, self._sql_trace, _PG_UPSERT_TRACES, trace_rows)
         return counts
+
+    def _within_cap(
+        self, conn: Connection, rows: list[list[Any]], dropped: list[list[Any]]
+    ) -> list[list[Any]]:
+        """The rows that keep each trace within `max_spans_per_trace` spans, in order; the
+        others go to `dropped`. A chunk (one export call's spans of a trace) is kept or dropped
+        whole, so a trace never holds more than the cap. Why: one trace id fed hundreds of
+        thousands of spans made every read and assembly of it load them all (seconds and
+        hundreds of MB each time), and every other request's verdict waited behind it."""
+        held: dict[str, int] = {}
+        for group in _chunks(sorted({r[0] for r in rows}), 500):
+            for tid, n in conn.execute(self._span_counts, {"ids": listed(group, self.sqlite)}):
+                held[tid] = n
+        cap = self.max_spans_per_trace
+        kept = []
+        for r in rows:
+            n = held.get(r[0], 0) + r[3]
+            if n > cap:
+                dropped.append(r)
+            else:
+                held[r[0]] = n
+                kept.append(r)
+        return kept
 
     def _insert_chunks(self, conn: Connection, rows: list[list[Any]]) -> int:
         """Insert chunk rows, skipping ones already stored; returns how many were new (more than
@@ -483,6 +529,79 @@ class Store:
                 spans.sort(key=_SPAN_ORDER)
                 out += spans
         return out
+
+    def load_spans_page(
+        self, trace_ids: Iterable[str], after: tuple[str, int, int] | None, limit: int
+    ) -> tuple[list[Span], tuple[str, int, int] | None]:
+        """Up to `limit` normalised spans of these traces from position `after`, and the
+        position of the next page (None: no more).
+
+        A position is (trace id, chunk id, spans of that chunk already given): pages follow
+        the chunks' key order, so a page reads only its own chunks however big the trace, and
+        memory is bounded by `limit` (plus one chunk). A page's spans are in start order; a
+        span re-sent in different bytes is returned once per page it appears in."""
+        ids = sorted(set(trace_ids))
+        out: list[Span] = []
+        if not ids or limit <= 0:
+            return out, None
+        sc = span_chunks.c
+        cols = select(sc.trace_id, sc.chunk_id, sc.body).where(among(sc.trace_id, "ids", self.sqlite))
+        t, c = bindparam("t"), bindparam("c")
+        read = records_reader()
+        pos, exclusive, more = after, False, True
+        with self._read() as conn:
+            while more and len(out) < limit:
+                stmt, params = cols, {"ids": listed(ids, self.sqlite)}
+                if pos is not None:
+                    later = sc.chunk_id > c if exclusive else sc.chunk_id >= c
+                    stmt = stmt.where(or_(sc.trace_id > t, and_(sc.trace_id == t, later)))
+                    params |= {"t": pos[0], "c": pos[1]}
+                stmt = stmt.order_by(sc.trace_id, sc.chunk_id).limit(bindparam("n"))
+                rows = _fetch_binary(conn, stmt, params | {"n": PAGE_CHUNKS})
+                taken: list[tuple[str, list[tuple[int, bytes]]]] = []
+                room = limit - len(out)
+                full = False
+                for tid, cid, body in rows:
+                    records = chunk_records(body)
+                    skip = pos[2] if pos is not None and not exclusive and (tid, cid) == pos[:2] else 0
+                    take = records[skip : skip + room]
+                    room -= len(take)
+                    taken.append((tid, take))
+                    pos = (tid, cid, skip + len(take))
+                    if skip + len(take) < len(records):
+                        full = True  # the page ends inside this chunk
+                        break
+                known = self._resources_for(conn, {rid for _, rs in taken for rid, _ in rs})
+                for tid, records in taken:
+                    out += read(tid, records, known)
+                exclusive = True
+                if full:
+                    break
+                if len(rows) < PAGE_CHUNKS:
+                    more = False
+            if more and len(out) >= limit and pos is not None and not full:
+                # The page ended with a chunk: is there a later one?
+                later = or_(sc.trace_id > t, and_(sc.trace_id == t, sc.chunk_id > c))
+                probe = select(sc.trace_id).where(among(sc.trace_id, "ids", self.sqlite), later).limit(1)
+                params = {"ids": listed(ids, self.sqlite), "t": pos[0], "c": pos[1]}
+                more = conn.execute(probe, params).first() is not None
+        page = [normalize_span(sp) for sp in out]
+        if len({sp.span_id for sp in page}) < len(page):
+            page = _first_of_each(page)
+        page.sort(key=_SPAN_ORDER)
+        return page, pos if more else None
+
+    def _resources_for(self, conn: Connection, needed: set[int]) -> dict[int, StoredResource]:
+        """The stored resources of these ids, from the cache or read (and cached)."""
+        known = self._resources
+        missing = needed - known.keys()
+        if missing:
+            if len(known) > MAX_KNOWN_RESOURCES:
+                known = self._resources = {rid: known[rid] for rid in needed - missing}
+            found = conn.execute(self._q.resources, {"ids": listed(missing, self.sqlite)})
+            for rid, blob in found:
+                known[rid] = StoredResource.of(orjson.loads(blob))
+        return known
 
     def count_spans(self) -> int:
         """Spans stored (a span re-sent inside a different export call counts twice)."""
@@ -707,6 +826,23 @@ class Store:
     def ping(self) -> None:
         with self._read() as conn:
             conn.execute(text("SELECT 1"))
+
+    def probe_write(self) -> None:
+        """Commit one small write, made durable as span commits are; raises if the database
+        cannot take it (unreachable, disk full). The span writer calls this while it refuses
+        exports, to learn when writes work again.
+
+        SQLite: the header's `user_version` (which nothing else uses) is set, a real page
+        write through the WAL; PostgreSQL: a transaction id is assigned, so its commit
+        writes and flushes a commit record. Neither touches the schema's tables."""
+        with self._turn(), self.engine.connect() as conn:
+            if self.sqlite:
+                conn.exec_driver_sql(f"PRAGMA user_version = {time.time_ns() // 1_000_000 % 2**31}")
+            else:
+                conn.exec_driver_sql("SELECT txid_current()")
+            conn.commit()
+        if self._wal is not None:
+            self._wal.sync()
 
 
 # The tables assembly reads by lists of ids, and the columns it looks them up by (ANALYZE takes

@@ -11,9 +11,19 @@ from railtrace.server.runtime import Runtime
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", summary="Liveness: the process answers")
-def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+@router.get(
+    "/healthz",
+    summary="Liveness: the process answers and its writer is not stuck",
+    responses={503: {"description": "Restart me: the body lists why"}},
+)
+def healthz(rt: RuntimeDep) -> Response:
+    """503 only for what a restart may fix: the writer thread is gone, or database writes have
+    failed for longer than `write_failure_restart_s`. A shorter outage only makes /readyz 503
+    while the writer retries the database by itself."""
+    problems = rt.liveness_problems()
+    if problems:
+        return JSONResponse({"status": "failing", "problems": problems}, status_code=503)
+    return JSONResponse({"status": "ok"})
 
 
 @router.get(
@@ -23,10 +33,9 @@ def healthz() -> dict[str, str]:
 )
 def readyz(rt: RuntimeDep) -> Response:
     problems: list[str] = []
-    try:
-        rt.store.ping()
-    except Exception as exc:
-        problems.append(f"database: {type(exc).__name__}")
+    database = rt.ping_database()
+    if database:
+        problems.append(database)
     if not rt.writer.healthy:
         problems.append("writer: not running or failing")
     elif rt.writer.pending >= rt.settings.max_pending_spans:

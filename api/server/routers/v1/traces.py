@@ -1,11 +1,15 @@
-"""`GET /api/v1/traces/{trace_id}`: the normalised spans of a request and its summary."""
+"""`GET /api/v1/traces/{trace_id}`: the normalised spans of a request and its summary, a page
+at a time (`limit`, `cursor`), so a big trace is never loaded whole."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import asdict
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException
+import orjson
+from fastapi import APIRouter, HTTPException, Query
 from starlette.concurrency import run_in_threadpool
 
 from railtrace.server.deps import RuntimeDep
@@ -14,29 +18,65 @@ from railtrace.server.runtime import Runtime
 
 router = APIRouter(tags=["traces"])
 MAX_SPANS = 10_000
+INT64_MAX = 2**63 - 1
+
+Position = tuple[str, int, int]
 
 
-def _load(rt: Runtime, trace_id: str) -> dict[str, Any] | None:
+def encode_cursor(pos: Position) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps(list(pos))).decode("ascii").rstrip("=")
+
+
+def decode_cursor(token: str, trace_ids: list[str]) -> Position:
+    """A position this service issued for these traces, or a 400."""
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        tid, chunk, skip = orjson.loads(raw)
+    except (binascii.Error, ValueError, TypeError, orjson.JSONDecodeError):
+        raise bad_request("cursor is not one this service issued") from None
+    ok = (
+        isinstance(tid, str)
+        and tid in trace_ids
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in (chunk, skip))
+        and 0 <= chunk <= INT64_MAX
+        and 0 <= skip <= INT64_MAX
+    )
+    if not ok:
+        raise bad_request("cursor is not one this service issued")
+    return tid, chunk, skip
+
+
+def _load(rt: Runtime, trace_id: str, cursor: str | None, limit: int) -> dict[str, Any] | None:
     summary = rt.store.get_request(trace_id)
     trace_ids = set(summary.get("trace_ids") or []) if summary else set()
     trace_ids.add(trace_id)
-    spans = rt.store.load_spans(sorted(trace_ids))
-    if not spans and summary is None:
+    ordered = sorted(trace_ids)
+    after = decode_cursor(cursor, ordered) if cursor else None
+    spans, pos = rt.store.load_spans_page(ordered, after, limit)
+    if not spans and summary is None and after is None:
         return None
     return {
         "trace_id": trace_id,
-        "trace_ids": sorted(trace_ids),
+        "trace_ids": ordered,
         "summary": summary,
-        "spans": [asdict(s) for s in spans[:MAX_SPANS]],
-        "truncated": len(spans) > MAX_SPANS,
+        "spans": [asdict(s) for s in spans],
+        "truncated": pos is not None,
+        "next_cursor": encode_cursor(pos) if pos is not None else None,
     }
 
 
 @router.get("/traces/{trace_id}", summary="Normalised spans of a trace (and its stitched siblings) + summary")
-async def get_trace(rt: RuntimeDep, trace_id: str) -> dict[str, Any]:
+async def get_trace(
+    rt: RuntimeDep,
+    trace_id: str,
+    limit: Annotated[int, Query(ge=1, le=MAX_SPANS, description="Spans per page")] = MAX_SPANS,
+    cursor: Annotated[
+        str | None, Query(max_length=512, description="`next_cursor` of the previous page")
+    ] = None,
+) -> dict[str, Any]:
     if not TRACE_ID.match(trace_id):
         raise bad_request("trace_id must be 32 hex digits")
-    found = await run_in_threadpool(_load, rt, trace_id.lower())
+    found = await run_in_threadpool(_load, rt, trace_id.lower(), cursor, limit)
     if found is None:
         raise HTTPException(404, f"no trace {trace_id}")
     return found
