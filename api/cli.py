@@ -100,7 +100,23 @@ def build_parser() -> argparse.ArgumentParser:
         default="dra",
         help="dra: Nodes, ResourceSlices, claims (default); collected: `topology collect` YAML plus Pods",
     )
-    demo.add_argument("--generation", default="current", help="llm-d span names: current, v0.10, v0.9, v0.8")
+    demo.add_argument(
+        "--generation",
+        default="current",
+        help="llm-d span names: current (router HEAD), v0.10, v0.9, v0.8, or all (each in turn)",
+    )
+    demo.add_argument(
+        "--recipe",
+        default="full",
+        help="what the deployment traces: full (EPP, sidecar, both engines), decode_only (llm-d's guide), "
+        "or all (each in turn)",
+    )
+    demo.add_argument(
+        "--resources",
+        default="collector",
+        help="collector (the production collector adds k8s.* to every process) or emitted (resources as "
+        "the code emits them; pods found by their address)",
+    )
     demo.add_argument("--db", help="database URL (default: a fresh SQLite file in a temp folder)")
     demo.add_argument("--port", type=int, default=0, help="HTTP port (default: a free port)")
     demo.add_argument("--grpc-port", type=int, default=0, help="gRPC port (default: a free port)")

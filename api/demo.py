@@ -28,9 +28,12 @@ from railtrace.server.ui import request_path
 from railtrace.simulator import scenarios as scen
 from railtrace.simulator.emit import (
     GENERATIONS,
-    NAMES,
+    RECIPES,
+    RELEASES,
+    RESOURCE_MODES,
     Emitter,
     Processes,
+    epp_request_id,
     otlp_grpc_exporter,
     otlp_http_exporter,
 )
@@ -61,9 +64,18 @@ def demo_command(args: argparse.Namespace) -> int:
         chosen = scen.resolve(args.scenario)
         if args.shape not in SHAPES:
             raise ValueError(f"unknown shape {args.shape!r}; choose one of {', '.join(SHAPES)}")
-        if args.generation not in GENERATIONS:
+        recipe, resources = getattr(args, "recipe", "full"), getattr(args, "resources", "collector")
+        generations = list(GENERATIONS) if args.generation == "all" else [args.generation]
+        recipes = list(RECIPES) if recipe == "all" else [recipe]
+        if any(g not in GENERATIONS for g in generations):
             raise ValueError(
-                f"unknown generation {args.generation!r}; choose one of {', '.join(GENERATIONS)}"
+                f"unknown generation {args.generation!r}; choose one of {', '.join(GENERATIONS)}, all"
+            )
+        if any(r not in RECIPES for r in recipes):
+            raise ValueError(f"unknown recipe {args.recipe!r}; choose one of {', '.join(RECIPES)}, all")
+        if args.resources not in RESOURCE_MODES:
+            raise ValueError(
+                f"unknown resources {args.resources!r}; choose one of {', '.join(RESOURCE_MODES)}"
             )
         if args.requests < 1:
             raise ValueError("--requests must be at least 1")
@@ -78,28 +90,52 @@ def demo_command(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-    workdir = Path(tempfile.mkdtemp(prefix="railtrace-demo-"))
-    try:
-        report = run_demo(
-            requests=args.requests,
-            seed=args.seed,
-            scenario_names=[s.name for s in chosen],
-            shape=args.shape,
-            generation=args.generation,
-            workdir=workdir,
-            db=args.db,
-            port=args.port,
-            grpc_port=args.grpc_port,
-            keep_serving=args.keep_serving,
-            as_json=args.json,
-            topology_source=getattr(args, "topology_source", "dra"),
+    runs = [(g, r) for g in generations for r in recipes]
+    reports: list[dict[str, Any]] = []
+    for i, (generation, recipe) in enumerate(runs):
+        workdir = Path(tempfile.mkdtemp(prefix="railtrace-demo-"))
+        try:
+            reports.append(
+                run_demo(
+                    requests=args.requests,
+                    seed=args.seed,
+                    scenario_names=[s.name for s in chosen],
+                    shape=args.shape,
+                    generation=generation,
+                    recipe=recipe,
+                    resources=resources,
+                    workdir=workdir,
+                    db=args.db if len(runs) == 1 else None,
+                    port=args.port if len(runs) == 1 else 0,
+                    grpc_port=args.grpc_port if len(runs) == 1 else 0,
+                    keep_serving=args.keep_serving and i == len(runs) - 1,
+                    as_json=args.json,
+                    print_report=len(runs) == 1,
+                    topology_source=getattr(args, "topology_source", "dra"),
+                )
+            )
+        except OSError as exc:
+            print(f"railtrace demo: {exc}", file=sys.stderr)
+            return 2
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)  # the service is gone; so is its database
+    if len(runs) > 1:
+        print(json.dumps(reports, indent=2) if args.json else format_releases(reports), flush=True)
+    return 0 if all(r.get("complete") for r in reports) else 1
+
+
+def format_releases(reports: list[dict[str, Any]]) -> str:
+    """One line per release and tracing recipe: requests with a full verdict, and why the rest
+    have none."""
+    out = ["", "release   recipe        assembled  full verdict  why not"]
+    for rep in reports:
+        cov = rep["coverage"]
+        why = ", ".join(f"{k} {v}" for k, v in cov["not_full"].items()) or "—"
+        out.append(
+            f"{rep['release']:<10}{cov['recipe']:<14}{rep['assembled']:>4}/{rep['requests']:<5}"
+            f"{cov['full_verdict']:>8}      {why}"
         )
-    except OSError as exc:
-        print(f"railtrace demo: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)  # the service is gone; so is its database
-    return 0 if report.get("complete") else 1
+    return "\n".join(out)
 
 
 def run_demo(
@@ -109,6 +145,8 @@ def run_demo(
     scenario_names: list[str],
     shape: str = "a3-ultra",
     generation: str = "current",
+    recipe: str = "full",
+    resources: str = "collector",
     workdir: Path,
     db: str | None = None,
     port: int = 0,
@@ -140,11 +178,14 @@ def run_demo(
         f"objects in {topo_dir}"
     )
     sim = simulate(fleet, chosen, requests, seed)
-    if not NAMES[generation].sidecar_injects:
-        # That generation's sidecar does not propagate context: every request is split.
+    if recipe == "decode_only":
+        # The EPP is not traced: its picks, which topology_blind_pairing judges, are not there.
         for r in sim:
-            r.expected_flags.add(FlagName.BROKEN_TRACE)
+            r.expected_flags.discard(FlagName.TOPOLOGY_BLIND_PAIRING)
     settings = Settings(
+        # `emitted`: each simulated pod's address reaches the service as X-Forwarded-For from
+        # loopback, standing in for the pod IPs a real sender connects from.
+        trusted_proxies=["127.0.0.1/32"] if resources == "emitted" else [],
         db=db or f"sqlite:///{workdir / 'railtrace.db'}",
         topology=[str(topo_dir)],
         host="127.0.0.1",
@@ -160,7 +201,7 @@ def run_demo(
             otlp_grpc_exporter(svc.grpc_endpoint) if protocol == "grpc" else otlp_http_exporter(svc.http_url)
         )
         procs = Processes(exporter, seed)
-        emitter = Emitter(fleet, procs, generation, base_ns)
+        emitter = Emitter(fleet, procs, generation, base_ns, resources=resources, recipe=recipe)
         step = max(1, len(sim) // 10)
         for i, r in enumerate(sim, 1):
             emitter.emit(r)
@@ -168,12 +209,18 @@ def run_demo(
                 _say(f"railtrace demo: sent {i}/{len(sim)} requests")
         procs.flush()
         procs.shutdown()
-        summaries = _wait_assembled(
-            svc.http_url, sim, timeout_s=90 + len(sim) * 0.1, settle_s=quiet_period_s + 0.5
+        # The id a request's summary carries: the sidecar's UUID when the sidecar is traced,
+        # else vLLM's (the EPP's x-request-id).
+        key = (lambda r: r.request_id) if recipe == "full" else epp_request_id
+        found = _wait_assembled(
+            svc.http_url, sim, timeout_s=90 + len(sim) * 0.1, settle_s=quiet_period_s + 0.5, key=key
         )
+        summaries = {r.request_id: found[key(r)] for r in sim if key(r) in found}
         report = build_report(
             fleet, sim, summaries, svc.http_url, generation, seed, time.monotonic() - started
         )
+        report["release"] = RELEASES[generation]
+        report["coverage"] = coverage_report(summaries, recipe, resources)
         if include_requests:
             report["requests_detail"] = [_detail(r, summaries.get(r.request_id) or {}) for r in sim]
         if print_report:
@@ -210,12 +257,45 @@ def _serve_until_interrupted(http_url: str, grpc: str, workdir: Path) -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
+def coverage_report(summaries: dict[str, dict[str, Any]], recipe: str, resources: str) -> dict[str, Any]:
+    """How many requests got a full verdict -- both legs on node, GPU and NIC and a KV transfer
+    judged -- and, for the rest, why not (the first reason of each)."""
+    full = 0
+    why: Counter[str] = Counter()
+    for s_ in summaries.values():
+        cov = s_.get("coverage") or {}
+        missing = set(cov.get("missing") or [])
+        if s_.get("resolved") and s_.get("kv_transfer"):
+            full += 1
+            continue
+        if not s_.get("resolved"):
+            for leg in ("prefill", "decode"):
+                if not ((s_.get(leg) or {}).get("nic")):
+                    untraced = f"{leg}_engine" in missing
+                    why[f"{leg} leg {'untraced' if untraced else 'not resolved'}"] += 1
+                    break
+        elif not s_.get("kv_transfer"):
+            why["no KV-transfer span"] += 1
+    return {
+        "recipe": recipe,
+        "resources": resources,
+        "full_verdict": full,
+        "not_full": dict(why.most_common()),
+        "recipes_seen": dict(Counter((s.get("coverage") or {}).get("recipe") for s in summaries.values())),
+    }
+
+
 def _wait_assembled(
-    http_url: str, sim: list[SimRequest], timeout_s: float, settle_s: float = 1.5
+    http_url: str,
+    sim: list[SimRequest],
+    timeout_s: float,
+    settle_s: float = 1.5,
+    key: Any = None,
 ) -> dict[str, dict[str, Any]]:
     """Poll the API until every simulated request has a complete summary that no longer changes
-    (a span exported late re-opens its request; one more quiet period shows it settled)."""
-    wanted = {r.request_id for r in sim}
+    (a span exported late re-opens its request; one more quiet period shows it settled).
+    `key`: the id each request's summary carries (default: the sidecar's)."""
+    wanted = {(key or (lambda r: r.request_id))(r) for r in sim}
     found: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout_s
     last = -1
@@ -436,7 +516,8 @@ def format_report(rep: dict[str, Any]) -> str:
     out = [
         "",
         f"railtrace demo — {rep['requests']} requests, seed {rep['seed']}, "
-        f"llm-d span names {rep['generation']}",
+        f"llm-d span names {rep['generation']}"
+        + (f" (router {rep['release']})" if rep.get("release") else ""),
         f"fleet: {f['nodes']} × {f['machine_type']} in {f['blocks']} blocks / {f['subblocks']} subblocks, "
         f"{f['pods']} vLLM pods; assembled {rep['assembled']}/{rep['requests']}",
         "",
@@ -483,5 +564,13 @@ def format_report(rep: dict[str, Any]) -> str:
         for fl in w["flags"]:
             out.append(f"    {fl['name']}: {fl['evidence']}")
         out.append(f"    {w['url']}")
+    cov = rep.get("coverage")
+    if cov:
+        why = ", ".join(f"{k} {v}" for k, v in cov["not_full"].items()) or "none"
+        out += [
+            "",
+            f"tracing {cov['recipe']} ({cov['resources']} resources): full verdict "
+            f"{cov['full_verdict']}/{rep['assembled']}; without one: {why}",
+        ]
     out += ["", f"UI {rep['ui']}   ({rep['elapsed_s']}s)"]
     return "\n".join(out)

@@ -34,6 +34,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import INF, floatToGoString
 
+from railtrace.model import resolution_label
 from railtrace_tracing import semconv
 
 if TYPE_CHECKING:
@@ -335,6 +336,7 @@ class Metrics:
         self._requests: Counter = f[semconv.M_REQUESTS]
         self._pairings: Counter = f[semconv.M_PAIRINGS]
         self._flags: Counter = f[semconv.M_FLAGS]
+        self._resolution: Counter = f[semconv.M_LEG_RESOLUTION]
         self._kv_transfers: Counter = f[semconv.M_KV_TRANSFERS]
         self._kv_duration: Histogram = f[semconv.M_KV_DURATION]
         self._kv_node_seconds: Counter = f[semconv.M_KV_NODE_SECONDS]
@@ -402,6 +404,9 @@ class Metrics:
             new_flags = new.get("flags")
             flag_names = {f["name"] for f in new_flags} if new_flags else None
             ttft, breakdown = new.get("ttft_s"), new.get("breakdown_s")
+            recipe = (new.get("coverage") or {}).get("recipe")
+            identity = new.get("identity") or {}
+            resolved = bool(new.get("resolved"))
         else:
             trace_id, model, pairing_level = str(new.trace_id), new.model, new.pairing_level
             kv = new.kv_transfer
@@ -410,6 +415,7 @@ class Metrics:
             pre, dec = new.prefill or {}, new.decode or {}
             flag_names = {f.name for f in new.flags} if new.flags else None
             ttft, breakdown = new.ttft_s, new.breakdown_s
+            recipe, identity, resolved = new.coverage.get("recipe"), new.identity, new.resolved
         if len(trace_id) > 128 - len(semconv.EXEMPLAR_TRACE_ID_LABEL):
             raise ValueError("Exemplar labels have more than 128 UTF-8 characters")
         ex = {semconv.EXEMPLAR_TRACE_ID_LABEL: trace_id}
@@ -429,6 +435,8 @@ class Metrics:
             one = (ex, 1, now)  # the exemplar of an increment by one
             if old is None:
                 _inc(self._requests.series, (path_class, _label(model)), 1, one)
+                resolution = resolution_label(resolved, identity)
+                _inc(self._resolution.series, (_label(recipe or "unknown"), _label(resolution)), 1, one)
                 if pre.get("node") or dec.get("node"):
                     key = (
                         _label(pre.get("node")),

@@ -64,6 +64,12 @@ class Endpoint:
     host: str | None = None  # host.name resource attribute
     service: str | None = None
     span_id: str | None = None
+    # Identity evidence (docs/normalisation.md, "Identity"): how `pod` was found, the engine's
+    # own pod IP and OTLP sender address, and the sidecar's sender (its pod is the decode pod).
+    identity: str | None = None
+    pod_ip: str | None = None
+    peer: str | None = None
+    sidecar_peer: str | None = None
 
     def copy(self) -> Endpoint:
         """A shallow copy; positional, several times cheaper than `dataclasses.replace`."""
@@ -77,6 +83,10 @@ class Endpoint:
             self.host,
             self.service,
             self.span_id,
+            self.identity,
+            self.pod_ip,
+            self.peer,
+            self.sidecar_peer,
         )
 
 
@@ -158,6 +168,8 @@ class RequestFacts:
     span_count: int
     complete: bool  # root ended; False while hops are still missing
     timing_sources: dict[str, str] = field(default_factory=dict)  # stage -> attribute/span used
+    # Which hops were traced and how the request's traces were joined ("Coverage").
+    coverage: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -190,6 +202,11 @@ class RequestSummary:
     span_count: int = 0
     complete: bool = True
     pairing_level: str | None = None
+    # How each leg's pod was found (`semconv.Identity`) and whether both legs reached node,
+    # GPU and NIC; which hops the deployment traces (docs/normalisation.md, "Coverage").
+    identity: dict[str, str | None] = field(default_factory=dict)
+    resolved: bool = False
+    coverage: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as JSON-ready dicts, like `dataclasses.asdict` but without its deep
@@ -220,10 +237,22 @@ class RequestSummary:
             "span_count": self.span_count,
             "complete": self.complete,
             "pairing_level": self.pairing_level,
+            "identity": dict(self.identity),
+            "resolved": self.resolved,
+            "coverage": dict(self.coverage),
         }
 
 
 LEG_KEYS = ("pod", "node", "gpu", "nic", "rail")
+UNRESOLVED = "unresolved"
+
+
+def resolution_label(resolved: bool, identity: dict[str, str | None]) -> str:
+    """How both legs reached node, GPU and NIC: `<prefill identity>+<decode identity>` (the
+    evidence that decided each pod, `semconv.Identity`), or `unresolved` (stats and metrics)."""
+    if not resolved:
+        return UNRESOLVED
+    return f"{identity.get('prefill') or 'none'}+{identity.get('decode') or 'none'}"[:64]
 
 
 def leg_dict(endpoint: Endpoint) -> dict[str, str | None]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -99,6 +100,11 @@ class Settings(BaseSettings):
     tls_cert: str | None = Field(None, description="PEM certificate (chain) for TLS on HTTP and gRPC.")
     tls_key: str | None = Field(None, description="PEM private key of tls_cert.")
     cors_origins: list[str] = Field(default_factory=list, description="CORS allow-list; empty: CORS off.")
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="Addresses/CIDRs of proxies (e.g. an OTel collector) whose X-Forwarded-For header "
+        "or gRPC metadata names the real OTLP sender; from anyone else it is ignored.",
+    )
     max_connections: int = Field(
         1000,
         description="Open HTTP connections. At the limit a new connection closes the one that has waited"
@@ -139,6 +145,16 @@ class Settings(BaseSettings):
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("TLS needs both a certificate and its key (tls_cert and tls_key)")
         return self
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, value: list[str]) -> list[str]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"trusted_proxies: {item!r} is not an IP address or CIDR") from None
+        return value
 
     @field_validator("db")
     @classmethod

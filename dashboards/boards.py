@@ -18,6 +18,8 @@ from dashboards.common import (
     R_FLAGS,
     R_KV_DURATION_BUCKETS,
     R_KV_TRANSFERS,
+    R_LEG_RESOLUTION,
+    R_LEGS_RESOLVED_RATIO,
     R_REQUESTS,
     R_TCP_FALLBACK_RATIO,
     R_TTFT_BUCKETS,
@@ -173,6 +175,27 @@ def overview() -> Dashboard:
                 stacked=True,
                 width=24,
                 links=request_links(),
+            )
+        )
+        .with_row(Row("Resolution and tracing coverage"))
+        .with_panel(
+            timeseries(
+                "Both legs resolved to node, GPU and NIC",
+                "Share of requests with both engines traced whose prefill and decode legs both reached "
+                "node, GPU and NIC (the LLMDTracingLegResolutionLow alert's series).",
+                [prom(sel(R_LEGS_RESOLVED_RATIO), "{{namespace}}")],
+                unit="percentunit",
+            )
+        )
+        .with_panel(
+            timeseries(
+                "Requests by tracing recipe and resolution method",
+                "Which hops the deployment traces (full, decode_only, epp_only, engines, partial) and "
+                "which evidence placed both legs (k8s_resource, pod_ip, otlp_peer, epp_pick, "
+                "pd_address, sidecar_pod), or unresolved.",
+                [prom(f"sum by (recipe, resolution) ({sel(R_LEG_RESOLUTION)})", "{{recipe}} {{resolution}}")],
+                unit="reqps",
+                stacked=True,
             )
         )
         .with_row(Row("Traces"))

@@ -78,6 +78,8 @@ R_CROSS_RAIL_RATIO = "namespace:llm_d_tracing_kv_transfers_cross_rail_per_kv_tra
 R_TTFT_BUCKETS = "namespace_path_class_le:llm_d_tracing_ttft_seconds_bucket:rate5m"
 R_KV_DURATION_BUCKETS = "namespace_path_class_le:llm_d_tracing_kv_transfer_duration_seconds_bucket:rate5m"
 R_CONTRACT = "namespace_obligation_status:llm_d_tracing_contract_obligations:sum"
+R_LEG_RESOLUTION = "namespace_recipe_resolution:llm_d_tracing_leg_resolution:rate5m"
+R_LEGS_RESOLVED_RATIO = "namespace:llm_d_tracing_legs_resolved_per_requests:ratio_rate5m"
 RECORDING_RULES: tuple[str, ...] = (
     R_REQUESTS,
     R_FLAGS,
@@ -87,6 +89,8 @@ RECORDING_RULES: tuple[str, ...] = (
     R_TTFT_BUCKETS,
     R_KV_DURATION_BUCKETS,
     R_CONTRACT,
+    R_LEG_RESOLUTION,
+    R_LEGS_RESOLVED_RATIO,
 )
 
 # The TTFT objective's bucket: 90% of requests under 1 s (same bucket as LLMDTTFTObjectiveAtRisk;

@@ -137,11 +137,46 @@ def plain_values(enum: type[StrEnum]) -> SimpleNamespace:
     return SimpleNamespace(**{member.name: member.value for member in enum})
 
 
+class Identity(StrEnum):
+    """How a leg's pod was found, strongest first (docs/normalisation.md, "Identity")."""
+
+    K8S_RESOURCE = "k8s_resource"  # k8s.pod.name on the engine's resource (chart, k8sattributes)
+    POD_IP = "pod_ip"  # k8s.pod.ip on the resource, matched to a Pod of the topology
+    OTLP_PEER = "otlp_peer"  # the OTLP sender's address (or trusted proxy's client) = a pod IP
+    EPP_PICK = "epp_pick"  # the EPP's chosen endpoint `<ns>/<pod>-rank-<i>`
+    PD_ADDRESS = "pd_address"  # the sidecar's / EPP's prefill or decode host:port
+    SIDECAR_POD = "sidecar_pod"  # the sidecar's own pod (= the decode pod in the nixlv2 layout)
+    NONE = "none"
+
+
+class Hop(StrEnum):
+    """A hop of a P/D request that a deployment may or may not trace (`coverage`)."""
+
+    EPP = "epp"
+    SIDECAR = "sidecar"
+    PREFILL_ENGINE = "prefill_engine"
+    DECODE_ENGINE = "decode_engine"
+    KV_TRANSFER = "kv_transfer"
+
+
+class Recipe(StrEnum):
+    """Which tracing a deployment runs, read from the hops present (`coverage.recipe`)."""
+
+    FULL = "full"  # EPP, sidecar and both engines
+    DECODE_ONLY = "decode_only"  # llm-d's shipped guide: the decode engine only
+    EPP_ONLY = "epp_only"  # the router chart's tracing alone
+    ENGINES = "engines"  # both engines, no sidecar (its tracing is off by default)
+    PARTIAL = "partial"  # any other mix
+
+
 ROLE = plain_values(Role)
 STAGE = plain_values(Stage)
 TRANSPORT = plain_values(Transport)
 PATH_CLASS = plain_values(PathClass)
 FLAG = plain_values(FlagName)
+IDENTITY = plain_values(Identity)
+HOP = plain_values(Hop)
+RECIPE = plain_values(Recipe)
 
 
 # ---------------------------------------------------------------------------------------
@@ -438,6 +473,13 @@ RES_NODE = _attr("k8s.node.name", "string", "Node name.", origin="otel")
 RES_NAMESPACE = _attr("k8s.namespace.name", "string", "Namespace.", origin="otel")
 RES_HOST = _attr("host.name", "string", "Host name.", origin="otel")
 RES_POD_IP = _attr("k8s.pod.ip", "string", "Pod IP.", origin="otel")
+RES_OTLP_PEER = _attr(
+    "railtrace.otlp.peer",
+    "string",
+    "Address railtrace received this resource's spans from: the OTLP sender, or the client a "
+    "trusted proxy forwarded for (X-Forwarded-For). Set at ingest, never by a sender; loopback "
+    "senders are not recorded.",
+)
 RES_VLLM_MODULE = _attr("vllm.instrumenting_module_name", "string", "vLLM tracer module.", origin="vllm")
 
 # -- Content: never stored ----------------------------------------------------------------
@@ -533,6 +575,13 @@ M_REQUESTS = _metric(
     "llm_d_tracing_requests_total", "counter", "Requests assembled, by path class.", ("path_class", "model")
 )
 M_FLAGS = _metric("llm_d_tracing_flags_total", "counter", "Flags raised on requests.", ("flag", "path_class"))
+M_LEG_RESOLUTION = _metric(
+    "llm_d_tracing_leg_resolution_total",
+    "counter",
+    "Requests assembled, by tracing recipe (`coverage.recipe`) and how both legs reached node, GPU "
+    "and NIC (`<prefill identity>+<decode identity>`, or `unresolved`); counted at first assembly.",
+    ("recipe", "resolution"),
+)
 M_KV_TRANSFERS = _metric(
     "llm_d_tracing_kv_transfers_total", "counter", "KV transfers seen.", ("transport", "path_class")
 )

@@ -20,7 +20,7 @@ from railtrace.model import Candidate, Endpoint, Flag, KVFacts, RequestFacts, Ro
 from railtrace.normalize import engine_leg_hint, normalize_request_id, span_request_keys
 from railtrace.normalize import table as ntable
 from railtrace_tracing import semconv
-from railtrace_tracing.semconv import FLAG, ROLE, STAGE, TRANSPORT
+from railtrace_tracing.semconv import FLAG, HOP, IDENTITY, RECIPE, ROLE, STAGE, TRANSPORT
 
 LOOPBACK_PREFIXES = ("localhost", "127.", "[::1]", "::1", "0.0.0.0")
 MAX_ANCESTRY = 64
@@ -170,7 +170,7 @@ class _Request:
         for span in self.spans:
             named.setdefault(span.canonical_name, []).append(span)
         self.named = named
-        self.gateways = named.get(semconv.SPAN_GATEWAY_REQUEST, [])
+        self.gateways = [s for s in named.get(semconv.SPAN_GATEWAY_REQUEST, []) if s.role == GATEWAY]
         self.orchestrations = named.get("gateway.request_orchestration", [])
         self.profiles = named.get(semconv.SPAN_RUN_SCHEDULER_PROFILE, [])
         self.pick_spans = named.get(semconv.SPAN_PICK_ENDPOINTS, [])
@@ -571,14 +571,33 @@ def _endpoint(req: _Request, leg: str, picks: list[RouterPick]) -> Endpoint:
         endpoint.pod = _str(resource.get(semconv.RES_POD))
         endpoint.node = _str(resource.get(semconv.RES_NODE))
         endpoint.host = _str(resource.get(semconv.RES_HOST))
+        endpoint.pod_ip = _str(resource.get(semconv.RES_POD_IP))
+        endpoint.peer = _str(resource.get(semconv.RES_OTLP_PEER))
         endpoint.service = engine.service_name or None
         endpoint.span_id = engine.span_id
+        if endpoint.pod:
+            endpoint.identity = IDENTITY.K8S_RESOURCE
     if endpoint.pod is None:
-        # The EPP names endpoints `namespace/pod`: the pod the router chose for this leg.
+        # The EPP's chosen endpoint for this leg, `<namespace>/<pod>-rank-<i>`; a weaker
+        # source than the engine's own address, which identity resolution tries first.
         for pick in picks:
-            if pick.profile == leg and pick.chosen and pick.chosen.count("/") == 1 and ":" not in pick.chosen:
-                endpoint.pod = pick.chosen.split("/", 1)[1] or None
-                break
+            if pick.profile == leg and pick.chosen:
+                pod = ntable.endpoint_pod(pick.chosen)
+                if pod:
+                    endpoint.pod, endpoint.identity = pod, IDENTITY.EPP_PICK
+                    break
+    if leg == DECODE:
+        # nixlv2: the sidecar runs in the decode pod, so its pod (when the collector named it)
+        # and its sender address are the decode pod's.
+        for span in req.sidecar_spans:
+            resource = span.resource if isinstance(span.resource, dict) else {}
+            if endpoint.pod is None and _str(resource.get(semconv.RES_POD)):
+                endpoint.pod, endpoint.identity = _str(resource.get(semconv.RES_POD)), IDENTITY.SIDECAR_POD
+            endpoint.sidecar_peer = (
+                endpoint.sidecar_peer
+                or _str(resource.get(semconv.RES_POD_IP))
+                or _str(resource.get(semconv.RES_OTLP_PEER))
+            )
     return endpoint
 
 
@@ -601,8 +620,9 @@ def _join_evidence(req: _Request, primary: str) -> tuple[str, str | None] | None
             for attr in ntable.KEY_ATTRIBUTES:
                 raw = span.attributes.get(attr)
                 values = raw if isinstance(raw, list) else [raw]
-                if any(normalize_request_id(v) in primary_keys for v in values):
-                    shown = next(v for v in values if normalize_request_id(v) in primary_keys)
+                engine_form = attr in ntable.ENGINE_ID_ATTRIBUTES
+                if any(normalize_request_id(v, engine_form) in primary_keys for v in values):
+                    shown = next(v for v in values if normalize_request_id(v, engine_form) in primary_keys)
                     how = f"{_ref(span)} {attr}={shown}"
                     break
             else:
@@ -616,34 +636,54 @@ def _join_evidence(req: _Request, primary: str) -> tuple[str, str | None] | None
     )
 
 
+def coverage_of(req: _Request) -> dict[str, Any]:
+    """Which hops of the request were traced (`semconv.Hop`) and the tracing recipe that
+    explains them (`semconv.Recipe`). An untraced hop is the deployment's choice (llm-d's
+    guide traces the decode engine only; the sidecar's tracing is off by default), not a
+    broken trace."""
+    hops = {
+        HOP.EPP: any(s.role in (GATEWAY, ROLE.SCHEDULING) for s in req.spans),
+        HOP.SIDECAR: bool(req.sidecar_spans) or any(s.role == PROXY for s in req.spans),
+        HOP.PREFILL_ENGINE: PREFILL in req.engine,
+        HOP.DECODE_ENGINE: DECODE in req.engine,
+        HOP.KV_TRANSFER: bool(req.kv_spans),
+    }
+    seen = [hop for hop, present in hops.items() if present]
+    engines = hops[HOP.PREFILL_ENGINE], hops[HOP.DECODE_ENGINE]
+    if hops[HOP.EPP] and hops[HOP.SIDECAR] and all(engines):
+        recipe = RECIPE.FULL
+    elif engines == (False, True) and not hops[HOP.EPP] and not hops[HOP.SIDECAR]:
+        recipe = RECIPE.DECODE_ONLY
+    elif hops[HOP.EPP] and not hops[HOP.SIDECAR] and not any(engines) and not hops[HOP.KV_TRANSFER]:
+        recipe = RECIPE.EPP_ONLY
+    elif all(engines) and not hops[HOP.SIDECAR]:
+        recipe = RECIPE.ENGINES
+    else:
+        recipe = RECIPE.PARTIAL
+    return {
+        "hops": seen,
+        "missing": [hop for hop, present in hops.items() if not present and hop != HOP.KV_TRANSFER],
+        "recipe": recipe,
+        "traces": len({s.trace_id for s in req.spans}),
+    }
+
+
 def _missing_hops(req: _Request) -> list[tuple[str, str | None]]:
+    """Traced hops that lost their link. Hops the deployment does not trace are not here:
+    they are in `coverage`. The cases: a prefill engine span whose decode engine span -- traced
+    wherever prefill is, in every recipe -- is missing; a KV-transfer span that joined no engine or
+    sidecar span although it carries the request's id."""
     missing: list[tuple[str, str | None]] = []
-    for leg, legs in ((PREFILL, req.sc_prefill), (DECODE, req.sc_decode)):
-        if legs and leg not in req.engine:
-            span = legs[0]
-            rid = _str(span.attributes.get(semconv.PD_REQUEST_ID))
-            missing.append(
-                (
-                    f"sidecar {leg} span {_ref(span)}"
-                    + (f" ({semconv.PD_REQUEST_ID}={rid})" if rid else "")
-                    + f" has no vLLM {semconv.SPAN_VLLM_REQUEST} for its {leg} leg in any trace",
-                    span.span_id,
-                )
-            )
     engines = req.engine
-    if PREFILL in engines and DECODE not in engines and not req.sc_decode:
+    if PREFILL in engines and DECODE not in engines:
         span = engines[PREFILL]
-        missing.append((f"prefill leg {_ref(span)} has no decode leg in any trace", span.span_id))
-    router_only = all(s.role in ROUTER_ONLY_ROLES for s in req.spans)
-    if router_only:
-        anchor = _first(req.gateways) or req.spans[0]
         missing.append(
             (
-                f"only router spans ({_ref(anchor)}): no sidecar or vLLM span shares its trace or request id"
-                " (sidecar tracing is off by default; vLLM needs OTEL settings)",
-                anchor.span_id,
+                f"prefill leg {_ref(span)} has no decode vLLM {semconv.SPAN_VLLM_REQUEST} in any trace",
+                span.span_id,
             )
         )
+    router_only = all(s.role in ROUTER_ONLY_ROLES for s in req.spans)
     if not req.sidecar_spans and not engines and not router_only and req.kv_spans:
         span = req.kv_spans[0]
         missing.append((f"{_ref(span)} has no sidecar or vLLM span in any trace", span.span_id))
@@ -686,10 +726,10 @@ def build(spans: Sequence[Span]) -> RequestFacts | None:
     flags: list[Flag] = []
     evidence: list[str] = []
     flag_span: str | None = None
+    coverage = coverage_of(req)
     joined = _join_evidence(req, primary)
     if joined is not None:
-        evidence.append(joined[0])
-        flag_span = joined[1]
+        coverage["joined"] = joined[0]  # the release's propagation gap, closed by the ids
     missing = _missing_hops(req)
     for note, span_id in missing:
         evidence.append(note)
@@ -717,4 +757,5 @@ def build(spans: Sequence[Span]) -> RequestFacts | None:
         span_count=len(req.spans),
         complete=rooted and not missing,
         timing_sources=timing.sources,
+        coverage=coverage,
     )

@@ -93,7 +93,7 @@ def _units(spans: Sequence[Span]) -> dict[tuple[str, str], str]:
     unit: dict[tuple[str, str], str] = {}
     for trace_id, members in by_trace.items():
         index = {s.span_id: s for s in members}
-        anchors = {s.span_id for s in members if s.canonical_name in ANCHOR_NAMES}
+        anchors = {s.span_id for s in members if s.canonical_name in ANCHOR_NAMES and s.role == "gateway"}
         if not anchors:
             anchors = {
                 s.span_id
@@ -136,7 +136,7 @@ def _one_request_trace(spans: Sequence[Span]) -> bool:
     for span in spans:
         if span.trace_id != trace_id:
             return False
-        if span.canonical_name in ANCHOR_NAMES:
+        if span.canonical_name in ANCHOR_NAMES and span.role == "gateway":
             anchors += 1
     return anchors == 1
 

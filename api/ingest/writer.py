@@ -40,20 +40,22 @@ def prepare(
     body: bytes | ExportTraceServiceRequest,
     media: str = "application/x-protobuf",
     content_free: bool = False,
+    sender: str | None = None,
 ) -> RowBatch:
     """Turn an export call into rows (on the receiver's event loop or in a worker thread).
 
     `content_free`: the caller's content filter has already ruled out content attributes.
+    `sender`: the address the call came from (`railtrace.server.senders`), kept on each resource.
     Raises `PayloadError` for a payload that cannot be parsed at all.
     """
     if isinstance(body, ExportTraceServiceRequest):
-        return rows_from_request(body, content_free=content_free)
+        return rows_from_request(body, content_free=content_free, sender=sender)
     if media == "application/json":
-        return rows_from_request(parse_json(body), content_free=content_free)
-    batch = rows_from_bytes(body, content_free)  # the usual call: no protobuf objects at all
+        return rows_from_request(parse_json(body), content_free=content_free, sender=sender)
+    batch = rows_from_bytes(body, content_free, sender)  # the usual call: no protobuf objects at all
     if batch is not None:
         return batch
-    return rows_from_request(parse_protobuf(body), raw=body, content_free=content_free)
+    return rows_from_request(parse_protobuf(body), raw=body, content_free=content_free, sender=sender)
 
 
 # Failed commits in a row after which exports are refused (503) until the database takes a

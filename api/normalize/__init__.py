@@ -23,23 +23,41 @@ __all__ = [
     "engine_leg_hint",
     "normalize_request_id",
     "normalize_span",
+    "request_id_forms",
     "span_request_keys",
 ]
 
 
-def normalize_request_id(value: Any) -> str | None:
-    """One request id in its joinable form: vLLM's `chatcmpl-`/`cmpl-` prefix and `-N`
-    suffix removed, lower case, so the sidecar's UUID, `x-request-id` and vLLM's id meet."""
+def normalize_request_id(value: Any, engine_form: bool = False) -> str | None:
+    """One request id in its joinable form: lower case, vLLM's `chatcmpl-`/`cmpl-` prefix and
+    `-N` suffix removed, so the sidecar's UUID, `x-request-id` and vLLM's id meet.
+
+    `engine_form`: the value is vLLM's engine-internal id (a KV connector's `req_id`), which
+    carries a random `-<8 hex>` suffix after the public id; it is removed too.
+    """
     if not isinstance(value, str):
         return None
-    return _normalize_id(value)
+    return _normalize_id(value, engine_form)
+
+
+def request_id_forms(value: str) -> list[str]:
+    """Every joinable key an id an operator holds may stand for, most likely first: the id
+    read as a public id, then read as vLLM's engine-internal id (docs/normalisation.md)."""
+    forms: list[str] = []
+    for engine_form in (False, True):
+        key = _normalize_id(value, engine_form) if isinstance(value, str) else None
+        if key and key not in forms:
+            forms.append(key)
+    return forms
 
 
 @lru_cache(maxsize=8192)  # a request's spans repeat its ids; assembly reads them all together
-def _normalize_id(value: str) -> str | None:
+def _normalize_id(value: str, engine_form: bool = False) -> str | None:
     if "\x00" in value:  # no id of the stack's; PostgreSQL's text could not hold it as a key
         return None
     key = value.strip().lower()
+    if engine_form:
+        key = table.REQUEST_ID_ENGINE_SUFFIX.sub("", key)
     for prefix in table.REQUEST_ID_PREFIXES:
         if key.startswith(prefix):
             key = key[len(prefix) :]
@@ -65,9 +83,10 @@ def span_request_keys(span: Span) -> list[str]:
         raw = get(attr)
         if raw is None:
             continue
+        engine_form = attr in table.ENGINE_ID_ATTRIBUTES
         for value in raw if isinstance(raw, list) else (raw,):
             if isinstance(value, str):
-                key = _normalize_id(value)
+                key = _normalize_id(value, engine_form)
                 if key and key not in keys:
                     keys.append(key)
     span.join_keys = keys
@@ -111,6 +130,11 @@ def engine_leg_hint(span: Span) -> tuple[str | None, str]:
     if out is not None and out > 1:
         return _DECODE, "gen_ai.usage.completion_tokens>1"
     return None, ""
+
+
+def _is_bbr(span: Span) -> bool:
+    scope = span.scope_name or ""
+    return scope.startswith(table.BBR_SCOPE_PREFIX) or span.service_name in table.BBR_SERVICES
 
 
 def _is_sidecar(span: Span) -> bool:
@@ -189,6 +213,9 @@ def normalize_span(span: Span) -> Span:
             if name == semconv.SPAN_VLLM_REQUEST:
                 leg, _ = engine_leg_hint(span)
                 span.role = leg or _DECODE
+            elif rule.role is Role.GATEWAY and _is_bbr(span):
+                span.role = _OTHER  # the body-based router's span, not the EPP's
+                span.generation = table.GIE
         keys = span_request_keys(span)
         span.request_key = keys[0] if keys else None
     except Exception:  # odd input must never stop ingest

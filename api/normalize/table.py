@@ -62,14 +62,6 @@ RULES: tuple[Rule, ...] = (
     Rule("llm_d.epp.disagg.profile_handler.pick", "pick_disagg_profile", Role.SCHEDULING, V0_8, "epp"),
     Rule("llm_d.epp.prerequest.disaggregation", "prepare_disaggregation", Role.SCHEDULING, V0_8, "epp"),
     Rule("llm_d.epp.prerequest.pd_disaggregation", "prepare_disaggregation", Role.SCHEDULING, V0_8, "epp"),
-    Rule(
-        "llm_d.epp.prerequest.encode_disaggregation",
-        "prepare_disaggregation",
-        Role.SCHEDULING,
-        V0_8,
-        "epp",
-        "encoder disaggregation",
-    ),
     Rule("llm_d.epp.scorer.prefix_cache", "score_prefix_cache", Role.SCHEDULING, V0_8, "epp"),
     # -- KV-cache indexer (inside the EPP process) -----------------------------------------
     Rule("score_tokens", None, Role.KV_CACHE, CURRENT, "kv_indexer"),
@@ -77,8 +69,22 @@ RULES: tuple[Rule, ...] = (
     Rule("index_add", None, Role.KV_CACHE, CURRENT, "kv_indexer"),
     Rule("index_evict", None, Role.KV_CACHE, CURRENT, "kv_indexer", "own single-span trace, never a request"),
     Rule("compute_scores", None, Role.KV_CACHE, CURRENT, "kv_indexer"),
-    Rule("llm_d.kv_cache.score_tokens", "score_tokens", Role.KV_CACHE, V0_10, "kv_indexer"),
-    Rule("llm_d.kv_cache.get_scores", "score_tokens", Role.KV_CACHE, V0_9, "kv_indexer", "original name"),
+    Rule(
+        "llm_d.kv_cache.score_tokens",
+        "score_tokens",
+        Role.KV_CACHE,
+        V0_10,
+        "kv_indexer",
+        "v0.10 in-tree; v0.8/v0.9 through llm-d-kv-cache",
+    ),
+    Rule(
+        "llm_d.kv_cache.get_scores",
+        "score_tokens",
+        Role.KV_CACHE,
+        V0_8,
+        "kv_indexer",
+        "llm-d-kv-cache <= v0.6.1 (router <= v0.6)",
+    ),
     Rule("llm_d.kv_cache.index", "index_lookup", Role.KV_CACHE, V0_10, "kv_indexer", "also <= v0.9"),
     Rule("llm_d.kv_cache.index.add", "index_add", Role.KV_CACHE, V0_10, "kv_indexer"),
     Rule("llm_d.kv_cache.index.evict", "index_evict", Role.KV_CACHE, V0_10, "kv_indexer"),
@@ -151,6 +157,12 @@ SIDECAR_SERVICES: frozenset[str] = frozenset({"llm-d-disagg-sidecar", "pd-sideca
 SIDECAR_SCOPE = "llm-d-router/pkg/sidecar/proxy"
 OTELHTTP_SCOPE_PREFIX = "go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 GIE_SCOPE_PREFIX = "gateway-api-inference-extension"
+# GIE's body-based router (BBR) also names its ext_proc span `gateway.request`
+# (gateway-api-inference-extension v1.5.0 pkg/bbr/handlers/server.go, scope
+# `gateway-api-inference-extension/bbr/extproc`, service `gateway-api-inference-extension/bbr`
+# from cmd/bbr/runner/runner.go). It is not the EPP's and never anchors a request.
+BBR_SCOPE_PREFIX = "gateway-api-inference-extension/bbr"
+BBR_SERVICES: frozenset[str] = frozenset({"gateway-api-inference-extension/bbr"})
 RAILTRACE_SCOPE_PREFIX = "railtrace"
 # Attributes only railtrace's router shim writes: a span carrying one is railtrace-instrumented.
 ROUTER_SHIM_PREFIX = semconv.ROUTER_PROFILE.rsplit(".", 1)[0] + "."
@@ -177,11 +189,22 @@ KEY_ATTRIBUTES: tuple[str, ...] = (
     semconv.HTTP_REQUEST_ID_HEADER,
     semconv.GEN_AI_REQUEST_ID,
 )
-# vLLM prefixes the OpenAI id: `chatcmpl-<id>` (chat), `cmpl-<id>-<n>` (completions, one
-# per prompt). Only the completions form carries the `-<n>` suffix.
+# The id forms of one request (docs/normalisation.md, "Request id forms"), each reduced to the
+# bare id the EPP and the client's x-request-id carry:
+# - vLLM's OpenAI front end prefixes the id taken from the first `X-Request-Id` header:
+#   `chatcmpl-<id>` (chat), `cmpl-<id>` then `cmpl-<id>-<n>` per prompt (completions)
+#   (vllm/entrypoints/openai/chat_completion/serving.py, completion/serving.py,
+#   serve/engine/serving.py `_base_request_id`; vLLM 0.34.0);
+# - inside the engine (a KV connector's `req_id`) vLLM appends `-<8 hex>` to that external id
+#   (vllm/v1/engine/input_processor.py `assign_request_id`, vLLM PR #27987), so only the
+#   attributes that carry the engine's id are stripped of it; an external id ending in
+#   `-<8 hex>` (a client's own x-request-id) stays whole everywhere else.
 REQUEST_ID_PREFIXES: tuple[str, ...] = ("chatcmpl-", "cmpl-")
 REQUEST_ID_SUFFIXED_PREFIXES: tuple[str, ...] = ("cmpl-",)
 REQUEST_ID_INDEX_SUFFIX = re.compile(r"-\d{1,3}$")
+REQUEST_ID_ENGINE_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+# Attributes that carry vLLM's engine-internal request id (with the random suffix).
+ENGINE_ID_ATTRIBUTES: frozenset[str] = frozenset({semconv.KV_REQUEST_ID})
 MIN_KEY_CHARS = 4
 
 
@@ -194,3 +217,19 @@ def lookup(name: str) -> Rule | None:
         if pattern.fullmatch(name):
             return candidate
     return None
+
+
+# EPP endpoint ids: `<namespace>/<pod>-rank-<i>`, one per data-parallel rank of a Pod
+# (llm-d-router pkg/epp/datastore/datastore.go `pod.Name + "-rank-" + strconv.Itoa(idx)`,
+# v0.9.0 and later; gateway-api-inference-extension v1.5.0 the same). The Pod is the id
+# without namespace and suffix.
+ENDPOINT_RANK_SUFFIX = re.compile(r"-rank-\d+$")
+
+
+def endpoint_pod(endpoint_id: str) -> str | None:
+    """The Pod name an EPP endpoint id stands for (`ns/pod-rank-0` -> `pod`); None for a
+    `host:port` address or an empty name."""
+    if not endpoint_id or endpoint_id.count("/") != 1 or ":" in endpoint_id:
+        return None
+    pod = ENDPOINT_RANK_SUFFIX.sub("", endpoint_id.split("/", 1)[1])
+    return pod or None

@@ -20,6 +20,7 @@ from railtrace.ingest.writer import partial_success
 from railtrace.otlp import PayloadError
 from railtrace.server.runtime import Runtime
 from railtrace.server.security import TokenInterceptor, grpc_credentials
+from railtrace.server.senders import FORWARDED_HEADER, grpc_peer_host, sender_address
 
 SERVICE_NAME = "opentelemetry.proto.collector.trace.v1.TraceService"
 
@@ -55,7 +56,9 @@ class TraceService:
         try:
             content = self.rt.content_filter
             filtered = content.apply(request, "application/x-protobuf")
-            batch = prepare(filtered, content_free=content.covers_content)
+            forwarded = [v for k, v in context.invocation_metadata() or () if k == FORWARDED_HEADER]
+            sender = sender_address(grpc_peer_host(context.peer()), forwarded, self.rt.trusted_proxies)
+            batch = prepare(filtered, content_free=content.covers_content, sender=sender)
         except PayloadError as exc:
             metrics.export_done("grpc", "invalid")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

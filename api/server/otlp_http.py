@@ -25,6 +25,7 @@ from railtrace.otlp import PayloadError
 from railtrace.otlp.decode import TooLarge, inflate_bounded
 from railtrace.server.deps import RuntimeDep
 from railtrace.server.security import ContentFilter
+from railtrace.server.senders import FORWARDED_HEADER, sender_address
 from railtrace.store import RowBatch
 
 PROTOBUF = "application/x-protobuf"
@@ -34,9 +35,9 @@ ENCODINGS = ("", "identity", "gzip", "x-gzip", "deflate")
 router = APIRouter(tags=["otlp"])
 
 
-def _prepare(content: ContentFilter, raw: bytes, media: str) -> RowBatch:
+def _prepare(content: ContentFilter, raw: bytes, media: str, sender: str | None = None) -> RowBatch:
     """Drop configured content attributes, then parse and build rows."""
-    return prepare(content.apply(raw, media), media, content_free=content.covers_content)
+    return prepare(content.apply(raw, media), media, content_free=content.covers_content, sender=sender)
 
 
 def _encode(message: Message, json: bool) -> tuple[bytes, str]:
@@ -117,6 +118,11 @@ async def export_traces(request: Request, rt: RuntimeDep) -> Response:
     if over:
         metrics.export_done("http", "too_large")
         return _too_large_and_close(limit, as_json) if received > rt.settings.max_drain_bytes else too_large
+    sender = sender_address(
+        request.client.host if request.client else None,
+        request.headers.getlist(FORWARDED_HEADER),
+        rt.trusted_proxies,
+    )
     try:
         # Only the rows stay while the export waits for its commit: the body, read and
         # inflated, would otherwise be held twice per queued export (found by the memory
@@ -131,9 +137,9 @@ async def export_traces(request: Request, rt: RuntimeDep) -> Response:
             # A typical exporter batch (512 spans, ~400 KB) takes a few milliseconds to parse.
             # Handing it to a worker thread costs more CPU than that (thread wake-ups, GIL
             # hand-offs), and the GIL gives the thread no parallelism anyway.
-            batch = _prepare(rt.content_filter, raw, media)
+            batch = _prepare(rt.content_filter, raw, media, sender)
         else:
-            batch = await run_in_threadpool(_prepare, rt.content_filter, raw, media)
+            batch = await run_in_threadpool(_prepare, rt.content_filter, raw, media, sender)
         del raw
     except TooLarge:
         metrics.export_done("http", "too_large")

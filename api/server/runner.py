@@ -70,6 +70,9 @@ class Service:
                 log_level="warning",
                 access_log=False,
                 lifespan="on",
+                # The OTLP receiver reads X-Forwarded-For itself, from `trusted_proxies` only
+                # (railtrace.server.senders); uvicorn would trust 127.0.0.1 by default.
+                proxy_headers=False,
                 ssl_certfile=self.settings.tls_cert,
                 ssl_keyfile=self.settings.tls_key,
                 # The connection limit, the idle and head timeouts and the head size limits

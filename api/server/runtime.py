@@ -19,6 +19,7 @@ from railtrace.ingest.assembler import Assembler, Pipeline, default_pipeline
 from railtrace.ingest.workers import AssemblyWorkers, assembly_process_count
 from railtrace.metrics import Metrics
 from railtrace.server.security import content_filter
+from railtrace.server.senders import trusted_networks
 from railtrace.settings import Settings
 from railtrace.store import InsertResult, Store, make_engine, migrate
 from railtrace_tracing import semconv
@@ -37,6 +38,7 @@ class Runtime:
         self.settings = settings
         self.metrics = Metrics()
         self.content_filter = content_filter(settings.drop_attributes)
+        self.trusted_proxies = trusted_networks(settings.trusted_proxies)
         self.engine = make_engine(settings.db)
         self.store = Store(self.engine, max_spans_per_trace=settings.max_spans_per_trace)
         self.writer = BulkWriter(

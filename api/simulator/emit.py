@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,6 +29,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from railtrace.simulator.engine import SimRequest
 from railtrace.simulator.fleet import MODEL_NAME, NAMESPACE, SIDECAR_PORT, VLLM_PORT, Fleet, Pod
 from railtrace.simulator.router import DECODE_WEIGHTS, PREFILL_WEIGHTS, TOPOLOGY_SCORER, TOPOLOGY_WEIGHT
+from railtrace.simulator.scenarios import SCENARIOS
 from railtrace.simulator.ucxlog import endpoint_log
 from railtrace_tracing import semconv as sc
 from railtrace_tracing.kv_transfer import record_kv_transfer
@@ -35,6 +37,17 @@ from railtrace_tracing.pd import EngineRecorder, Leg, PDProxyRecorder
 from railtrace_tracing.router_scoring import Candidate, SchedulingRecorder
 
 GENERATIONS = ("current", "v0.10", "v0.9", "v0.8")
+# The llm-d-router release each generation's names come from (docs/normalisation.md cites them).
+RELEASES = {"current": "HEAD", "v0.10": "v0.10.0", "v0.9": "v0.9.0", "v0.8": "v0.8.0"}
+# How the simulated processes' resources reach railtrace (docs/simulator.md):
+# - `collector`: through the production overlay's tier-1 collector, whose k8sattributes processor
+#   adds k8s.pod.name, k8s.namespace.name and k8s.node.name to every process (a documented step);
+# - `emitted`: as the code emits them (vLLM: service.name, vllm.instrumenting_module_name,
+#   vllm.process_id; the sidecar: service.name; only the EPP's chart adds k8s.*), each process's
+#   pod IP reaching railtrace as its sender address (X-Forwarded-For from a trusted proxy).
+RESOURCE_MODES = ("collector", "emitted")
+# Which hops the deployment traces: everything, or llm-d's guide (the decode engine only).
+RECIPES = ("full", "decode_only")
 EPP_POD = "llm-d-router-epp-7c9d5b8f4-x2k9q"
 EPP_NODE = "gke-railtrace-cpu-pool-3f1e9a2c-q7m2"
 _W3C = TraceContextTextMapPropagator()
@@ -103,19 +116,32 @@ class SeededIds(IdGenerator):
         return self._rng.getrandbits(128) or 1
 
 
-ExporterFactory = Callable[[], SpanExporter]
+ExporterFactory = Callable[..., SpanExporter]  # called with `sender=` only in `emitted` mode
+
+
+def _forwarded(sender: str | None) -> dict[str, str] | None:
+    return {"x-forwarded-for": sender} if sender else None
 
 
 def otlp_http_exporter(http_url: str) -> ExporterFactory:
+    """Exporters to railtrace over OTLP/HTTP; `sender` stands for the pod's own address, sent as
+    a forwarding proxy would (railtrace trusts it from `trusted_proxies` only)."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return lambda: OTLPSpanExporter(endpoint=f"{http_url.rstrip('/')}/v1/traces", timeout=30)
+    def make(sender: str | None = None) -> SpanExporter:
+        url = f"{http_url.rstrip('/')}/v1/traces"
+        return OTLPSpanExporter(endpoint=url, timeout=30, headers=_forwarded(sender))
+
+    return make
 
 
 def otlp_grpc_exporter(endpoint: str) -> ExporterFactory:
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-    return lambda: OTLPSpanExporter(endpoint=endpoint, insecure=True, timeout=30)
+    def make(sender: str | None = None) -> SpanExporter:
+        return OTLPSpanExporter(endpoint=endpoint, insecure=True, timeout=30, headers=_forwarded(sender))
+
+    return make
 
 
 class Processes:
@@ -126,21 +152,27 @@ class Processes:
         self.seed = seed
         self.providers: dict[str, TracerProvider] = {}
 
-    def provider(self, key: str, resource: dict[str, Any]) -> TracerProvider:
+    def provider(
+        self, key: str, resource: dict[str, Any], sender: str | None = None, traced: bool = True
+    ) -> TracerProvider:
+        """The process's provider. `sender`: the pod IP its exports carry as their sender;
+        `traced=False`: a process the deployment does not trace (its spans go nowhere)."""
         tp = self.providers.get(key)
         if tp is None:
             tp = TracerProvider(
                 resource=Resource.create(resource), id_generator=SeededIds(f"{self.seed}-{key}")
             )
+            self.providers[key] = tp
+            if not traced:
+                return tp
             tp.add_span_processor(
                 BatchSpanProcessor(
-                    self.exporter(),
+                    self.exporter(sender=sender) if sender else self.exporter(),
                     max_queue_size=65536,
                     max_export_batch_size=1024,
                     schedule_delay_millis=250,
                 )
             )
-            self.providers[key] = tp
         return tp
 
     def flush(self) -> None:
@@ -153,50 +185,116 @@ class Processes:
 
 
 def _res(service: str, pod: str, node: str, **extra: Any) -> dict[str, Any]:
+    """A resource with what the tier-1 collector's k8sattributes adds (or the router chart's
+    OTEL_RESOURCE_ATTRIBUTES, for the EPP)."""
     return {
         sc.RES_SERVICE_NAME: service,
         sc.RES_POD: pod,
         sc.RES_NODE: node,
-        sc.RES_HOST: pod,
         sc.RES_NAMESPACE: NAMESPACE,
         **extra,
     }
 
 
+def vllm_resource(service: str, **extra: Any) -> dict[str, Any]:
+    """vLLM's own resource: `OTEL_SERVICE_NAME` (llm-d's guide), the tracer module and the process
+    id (vllm/tracing/otel.py; vllm/foundation/observability/tracing/otel.py in newer vLLM)."""
+    return {
+        sc.RES_SERVICE_NAME: service,
+        sc.RES_VLLM_MODULE: "vllm.llm_engine",
+        "vllm.process_id": 1,
+        **extra,
+    }
+
+
+def endpoint_id(pod: Pod, rank: int = 0) -> str:
+    """The EPP's id of a pod's data-parallel rank (llm-d-router pkg/epp/datastore/datastore.go,
+    v0.9.0 and later; gateway-api-inference-extension v1.5.0 the same)."""
+    return f"{NAMESPACE}/{pod.name}-rank-{rank}"
+
+
+def epp_request_id(r: SimRequest) -> str:
+    """The x-request-id Envoy/the EPP gives the request (server.go: uuid.NewString when absent):
+    what the EPP's spans and vLLM's `gen_ai.request.id` carry. The nixlv2 sidecar mints its own
+    UUID (`r.request_id`) and adds it as a second x-request-id, which vLLM ignores."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"x-request-id/{r.request_id}"))
+
+
+def engine_request_id(r: SimRequest) -> str:
+    """vLLM's engine-internal id of the chat request: the public id plus `-<8 hex>`
+    (vllm/v1/engine/input_processor.py `assign_request_id`, vLLM PR #27987)."""
+    suffix = uuid.uuid5(uuid.NAMESPACE_URL, f"engine/{r.request_id}").hex[:8]
+    return f"chatcmpl-{epp_request_id(r)}-{suffix}"
+
+
 class Emitter:
     """Turns simulated requests into spans of the right processes."""
 
-    def __init__(self, fleet: Fleet, processes: Processes, generation: str, base_ns: int) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        processes: Processes,
+        generation: str,
+        base_ns: int,
+        *,
+        resources: str = "collector",
+        recipe: str = "full",
+    ) -> None:
         if generation not in NAMES:
             raise ValueError(f"unknown generation {generation!r}; choose one of {', '.join(GENERATIONS)}")
+        if resources not in RESOURCE_MODES:
+            raise ValueError(f"unknown resources {resources!r}; choose one of {', '.join(RESOURCE_MODES)}")
+        if recipe not in RECIPES:
+            raise ValueError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}")
         self.fleet = fleet
         self.procs = processes
         self.names = NAMES[generation]
+        if recipe == "decode_only":
+            # Untraced EPP and sidecar have no propagator set up: nothing reaches the engines.
+            self.names = replace(self.names, sidecar_injects=False)
         self.generation = generation
         self.base_ns = base_ns
+        self.resources = resources
+        self.recipe = recipe
         self._ucx_logs: dict[tuple[str, str], str] = {}
 
     def ns(self, t: float) -> int:
         return self.base_ns + round(t * 1e9)
 
     # -- processes ---------------------------------------------------------------------
+    @property
+    def _full(self) -> bool:
+        return self.recipe == "full"
+
     def _epp(self) -> trace.TracerProvider:
-        return self.procs.provider("epp", _res(self.names.epp_service, EPP_POD, EPP_NODE))
+        # The router chart adds k8s.* to the EPP (config/charts/routerlib/templates/_deployment.yaml).
+        return self.procs.provider("epp", _res(self.names.epp_service, EPP_POD, EPP_NODE), traced=self._full)
+
+    def _process(self, key: str, pod: Pod, resource: dict[str, Any], traced: bool) -> trace.TracerProvider:
+        if self.resources == "collector":
+            return self.procs.provider(
+                key,
+                {**resource, **_res(resource[sc.RES_SERVICE_NAME], pod.name, pod.node.name)},
+                traced=traced,
+            )
+        return self.procs.provider(key, resource, sender=pod.ip, traced=traced)
 
     def _sidecar(self, pod: Pod) -> trace.TracerProvider:
         service = self.names.sidecar_service if pod.sidecar_version == "current" else "pd-sidecar"
-        return self.procs.provider(f"sidecar/{pod.name}", _res(service, pod.name, pod.node.name))
+        return self._process(f"sidecar/{pod.name}", pod, {sc.RES_SERVICE_NAME: service}, self._full)
 
     def _vllm(self, pod: Pod) -> trace.TracerProvider:
-        return self.procs.provider(
-            f"vllm/{pod.name}",
-            _res(
-                f"vllm-{pod.role}",
-                pod.name,
-                pod.node.name,
-                **{sc.RES_VLLM_MODULE: "vllm.llm_engine", sc.RES_POD_IP: pod.ip},
-            ),
+        traced = self._full or pod.role == "decode"  # llm-d's guide patches decode Deployments only
+        if pod.role == "decode" and SCENARIOS[pod.scenario].decode_spans_lost:
+            traced = False  # its exporter loses them (scenario broken-trace)
+        return self._process(f"vllm/{pod.name}", pod, vllm_resource(f"vllm-{pod.role}"), traced)
+
+    def _vllm_worker(self, pod: Pod) -> trace.TracerProvider:
+        """The engine's worker process, where the KV connector (and railtrace's KV shim) runs."""
+        resource = vllm_resource(
+            f"vllm-{pod.role}", **{"vllm.process_kind": "worker", "vllm.process_name": "VllmWorker-0"}
         )
+        return self._process(f"vllm-worker/{pod.name}", pod, resource, True)
 
     # -- one request -------------------------------------------------------------------
     def emit(self, r: SimRequest) -> None:
@@ -237,14 +335,18 @@ class Emitter:
         octx = trace.set_span_in_context(orch)
         step = (t1 - t0) / 8
         rec = SchedulingRecorder(self._epp())
-        req_id = None  # the EPP sees no request id yet; the sidecar mints it
+        req_id = epp_request_id(r)  # the x-request-id the EPP reads (and sets when absent)
 
         def decision(i: int, value: str) -> None:
             s = tracer.start_span(
                 n.disagg_pick,
                 context=octx,
                 start_time=self.ns(t0 + i * step),
-                attributes={n.decision_attr: value, sc.GEN_AI_REQUEST_MODEL: MODEL_NAME},
+                attributes={
+                    n.decision_attr: value,
+                    sc.GEN_AI_REQUEST_MODEL: MODEL_NAME,
+                    sc.GEN_AI_REQUEST_ID: req_id,
+                },
             )
             s.end(end_time=self.ns(t0 + (i + 0.5) * step))
 
@@ -262,6 +364,7 @@ class Emitter:
                 sc.EPP_PD_DISAGG_USED: True,
                 sc.EPP_PD_PREFILL_ADDRESS: r.prefill.ip,
                 sc.EPP_PD_PREFILL_PORT: str(VLLM_PORT),
+                sc.GEN_AI_REQUEST_ID: req_id,
             },
         )
         prep.end(end_time=self.ns(t1))
@@ -278,9 +381,10 @@ class Emitter:
         req_id: str | None,
     ) -> None:
         pick = r.decode_pick if profile == "decode" else r.prefill_pick
+        # The EPP names endpoints `<namespace>/<pod>-rank-<i>` (pkg/epp/datastore/datastore.go).
         cands = [
             Candidate(
-                endpoint=c.pod.endpoint,
+                endpoint=endpoint_id(c.pod),
                 score=c.total,
                 scorer_scores=dict(c.scorers),
                 topology=c.pod.topology_key,
@@ -295,7 +399,7 @@ class Emitter:
         rec.record(
             profile,
             cands,
-            pick.chosen.endpoint,
+            endpoint_id(pick.chosen),
             scorers=None if old_prefix else weights,
             model=MODEL_NAME,
             request_id=req_id,
@@ -465,7 +569,7 @@ class Emitter:
     def _vllm_prefill(self, r: SimRequest, headers: dict[str, str]) -> None:
         """The prefill engine's `llm_request` (max_tokens=1) via the engine shim."""
         EngineRecorder(self._vllm(r.prefill), role="prefill").llm_request(
-            request_id=f"cmpl-{r.request_id}-0",
+            request_id=f"chatcmpl-{epp_request_id(r)}",  # vLLM keeps the first x-request-id
             arrival_time_ns=self.ns(r.prefill_arrive),
             scheduled_time_ns=self.ns(r.prefill_start),
             first_token_time_ns=self.ns(r.prefill_end),
@@ -484,8 +588,8 @@ class Emitter:
         vllm = self._vllm(dc)
         incoming = _W3C.extract(headers) if "traceparent" in headers else None
         if r.first_token is not None:
-            span = EngineRecorder(vllm, role="decode").llm_request(
-                request_id=f"cmpl-{r.request_id}-0",
+            EngineRecorder(vllm, role="decode").llm_request(
+                request_id=f"chatcmpl-{epp_request_id(r)}",
                 arrival_time_ns=self.ns(r.decode_arrive),
                 scheduled_time_ns=self.ns(r.decode_start),
                 first_token_time_ns=self.ns(r.first_token),
@@ -496,14 +600,11 @@ class Emitter:
                 parent=incoming if incoming is not None else otel_context.Context(),
             )
         else:
-            span = self._aborted_llm_request(r, vllm, incoming)
+            self._aborted_llm_request(r, vllm, incoming)
         if r.kv_ran:
-            # The KV shim parents the transfer on the request's incoming context; without one
-            # (old sidecar) it lands in the engine's own trace.
-            parent = incoming
-            if parent is None and span is not None:
-                parent = trace.set_span_in_context(span)
-            self._kv_span(r, vllm, parent or otel_context.Context())
+            # The KV connector runs in the worker process, which vLLM gives no trace headers:
+            # the transfer is a root span there, joined to the request by vLLM's engine id.
+            self._kv_span(r, self._vllm_worker(dc), otel_context.Context())
 
     def _aborted_llm_request(
         self, r: SimRequest, vllm: trace.TracerProvider, incoming: otel_context.Context | None
@@ -516,7 +617,7 @@ class Emitter:
             kind=SpanKind.SERVER,
             start_time=self.ns(r.decode_arrive),
             attributes={
-                sc.GEN_AI_REQUEST_ID: f"cmpl-{r.request_id}-0",
+                sc.GEN_AI_REQUEST_ID: f"chatcmpl-{epp_request_id(r)}",
                 sc.GEN_AI_RESPONSE_MODEL: MODEL_NAME,
                 sc.VLLM_PROMPT_TOKENS: r.prompt_tokens,
                 sc.VLLM_QUEUE: r.decode_start - r.decode_arrive,
@@ -536,7 +637,7 @@ class Emitter:
             ucx_log_text=self._ucx_log(r, agent),
             ucx_context=agent,
             operation="read",
-            request_id=f"cmpl-{r.request_id}-0",
+            request_id=engine_request_id(r),
             bytes=r.kv_bytes,
             descriptors=-(-r.prompt_tokens // 16),
             local_gpu=dc.gpu.uuid,

@@ -230,7 +230,7 @@ def _expected_flags(r: SimRequest, sc: Scenario, nvlink_scope: str) -> set[str]:
             flags.add(FlagName.CROSS_RAIL)
     if r.transport == Transport.RDMA and len(r.devices) > 1:
         flags.add(FlagName.CROSS_RAIL)
-    if sc.sidecar != "current":
+    if sc.decode_spans_lost:
         flags.add(FlagName.BROKEN_TRACE)
     chosen = next(c for c in r.decode_pick.candidates if c.pod is r.decode)
     for c in r.decode_pick.candidates:

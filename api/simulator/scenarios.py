@@ -23,6 +23,7 @@ class Scenario:
     router: str = "topology"  # "topology": pairs prefill and decode by topology; "blind"
     tcp_nodes: bool = False  # some decode nodes cannot open their RDMA devices
     sidecar: str = "current"  # "v0.9": old sidecar that does not inject trace context
+    decode_spans_lost: bool = False  # the decode engines' exporter loses their llm_request spans
     second_rail: bool = False  # pods see a second NIC on another rail; UCX splits across both
     expected_flags: tuple[str, ...] = ()  # flags its requests must carry (when the fault hits)
 
@@ -62,9 +63,11 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "broken-trace",
             "old",
-            "Healthy placement, but the P/D sidecar is v0.9 and does not inject trace context, "
-            "so the vLLM spans arrive in separate traces.",
+            "Healthy placement and a v0.9 P/D sidecar, which does not inject trace context (the "
+            "engines' spans arrive in traces of their own and are joined by id), but the decode "
+            "engines' span exporter loses their llm_request: a traced hop lost.",
             sidecar="v0.9",
+            decode_spans_lost=True,
             expected_flags=(FlagName.BROKEN_TRACE,),
         ),
         Scenario(

@@ -30,6 +30,7 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    inspect,
     literal,
     literal_column,
     select,
@@ -40,7 +41,8 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from railtrace.store.schema import request_flags, requests, stats_hourly
 
 HOUR_NS = 3_600 * 10**9
-DIMENSIONS = ("flag", "path_class", "pair")
+DIMENSIONS = ("flag", "path_class", "pair", "coverage")
+KEY_COUNT = {"pair": 3, "coverage": 2}  # group values per dimension; one for the others
 KEY_COLUMNS = ("dimension", "hour_ns", "key1", "key2", "key3", "key_nulls")
 SUM_COLUMNS = ("request_count", "ttft_sum", "ttft_n", "kv_sum", "kv_n")
 # The request columns a request's rollup contribution is made of (read back when it is replaced).
@@ -51,6 +53,8 @@ REQUEST_COLUMNS = (
     requests.c.prefill_node,
     requests.c.decode_node,
     requests.c.pairing_level,
+    requests.c.coverage,
+    requests.c.resolution,
     requests.c.ttft_s,
     requests.c.kv_duration_s,
 )
@@ -72,7 +76,7 @@ def encode_key(values: Sequence[str | None]) -> tuple[str, str, str, int]:
 
 def decode_key(dimension: str, key1: str, key2: str, key3: str, nulls: int) -> tuple[str | None, ...]:
     """The group values `encode_key` encoded (one for flag and path_class, three for pair)."""
-    keys = (key1, key2, key3)[: 3 if dimension == "pair" else 1]
+    keys = (key1, key2, key3)[: KEY_COUNT.get(dimension, 1)]
     return tuple(None if nulls >> i & 1 else k for i, k in enumerate(keys))
 
 
@@ -103,6 +107,8 @@ class RollupDelta:
         self._add(("path_class", hour, *encode_key([row["path_class"]])), sign, ttft, kv)
         pair = [row["prefill_node"], row["decode_node"], row["pairing_level"]]
         self._add(("pair", hour, *encode_key(pair)), sign, ttft, kv)
+        coverage = [row["coverage"], row["resolution"]]
+        self._add(("coverage", hour, *encode_key(coverage)), sign, ttft, kv)
 
     def flag(self, flag: str, start_ns: int, request: Any, sign: int) -> None:
         """A flag row of `request` (its request row, for the averaged columns)."""
@@ -189,6 +195,7 @@ def rebuild(conn: Connection) -> None:
 
     hour_r, hour_f = _hour_sql(r.c.start_ns), _hour_sql(f.c.start_ns)
     pair = (r.c.prefill_node, r.c.decode_node, r.c.pairing_level)
+    coverage = (r.c.coverage, r.c.resolution)
     queries = [
         select(literal("flag"), hour_f, f.c.flag, empty, empty, zero, *sums)
         .select_from(f.join(r, r.c.trace_id == f.c.trace_id))
@@ -203,7 +210,17 @@ def rebuild(conn: Connection) -> None:
             null_bit(pair[0], 1) + null_bit(pair[1], 2) + null_bit(pair[2], 4),
             *sums,
         ).group_by(hour_r, *pair),
+        select(
+            literal("coverage"),
+            hour_r,
+            *(func.coalesce(c, "") for c in coverage),
+            empty,
+            null_bit(coverage[0], 1) + null_bit(coverage[1], 2),
+            *sums,
+        ).group_by(hour_r, *coverage),
     ]
+    if "coverage" not in {c["name"] for c in inspect(conn).get_columns("requests")}:
+        queries.pop()  # migration 0003's backfill runs before 0009 added the coverage columns
     for q in queries:
         conn.execute(insert(stats_hourly).from_select([*KEY_COLUMNS, *SUM_COLUMNS], q))
 

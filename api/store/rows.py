@@ -42,6 +42,7 @@ from railtrace.otlp.decode import (
     attributes,
 )
 from railtrace_tracing import semconv
+from railtrace_tracing.semconv import RES_OTLP_PEER
 
 # A trace's spans from one export call: [trace_id, chunk_id, received_ns (set by the writer at
 # commit), span_count, body, has_root]; the first five are the `span_chunks` columns.
@@ -222,12 +223,35 @@ def _request_key(
         if raw in cache:
             key = cache[raw]
         else:
-            key = normalize_request_id(raw.decode("utf-8", "replace"))
+            text = raw.decode("utf-8", "replace")
+            key = normalize_request_id(text)
             key = key[:MAX_KEY] if key else None
             cache[raw] = key
+            _remember_engine_key(text, key)
         if key:
             return key
     return None
+
+
+# Engine-form keys of raw ids seen, bounded (a request's spans repeat the same few ids).
+_ENGINE_KEYS: dict[str, str | None] = {}
+
+
+def engine_key(key: str) -> str | None:
+    """The key a stored key also stands for if its id was vLLM's engine-internal form
+    (`<id>-<8 hex>`, docs/normalisation.md), stored beside it so that a trace holding only a
+    KV connector's id is found by the public id's key. It only widens which traces assembly
+    reads together: assembly joins on the attribute-aware keys (`span_request_keys`)."""
+    return _ENGINE_KEYS.get(key)
+
+
+def _remember_engine_key(raw: str, key: str | None) -> None:
+    if not key or key in _ENGINE_KEYS:
+        return
+    short = normalize_request_id(raw, engine_form=True)
+    if len(_ENGINE_KEYS) >= 65_536:
+        _ENGINE_KEYS.clear()
+    _ENGINE_KEYS[key] = short[:MAX_KEY] if short and short != key else None
 
 
 _CONTENT_SCAN = KeyScan(k.encode() for k in DEFAULT_DROP)
@@ -320,13 +344,26 @@ _ZERO_TRACE = bytes(16)
 _ZERO_SPAN = bytes(8)
 
 
-def _scopes(request: ExportTraceServiceRequest, batch: RowBatch) -> list[tuple[int, Any]]:
+def stamp_sender(resource: dict[str, Any], sender: str | None) -> dict[str, Any]:
+    """Record who sent a resource (`railtrace.otlp.peer`): the service's own observation,
+    so a sender's value for the key is replaced, never trusted. Identity resolution matches it
+    against the topology's pod IPs (docs/normalisation.md, "Identity")."""
+    if sender:
+        resource[RES_OTLP_PEER] = sender
+    else:
+        resource.pop(RES_OTLP_PEER, None)
+    return resource
+
+
+def _scopes(
+    request: ExportTraceServiceRequest, batch: RowBatch, sender: str | None = None
+) -> list[tuple[int, Any]]:
     """(resource id, ScopeSpans) of each scope of the call, in order; the resources go into
     the batch. Resource attributes are decoded once per call, not per span."""
     result = DecodeResult()
     out: list[tuple[int, Any]] = []
     for rs in request.resource_spans:
-        resource = attributes(rs.resource.attributes, DEFAULT_DROP, result)
+        resource = stamp_sender(attributes(rs.resource.attributes, DEFAULT_DROP, result), sender)
         for ss in rs.scope_spans:
             rid, blob = resource_key(resource, ss.scope.name[:256])
             batch.resources[rid] = blob
@@ -336,7 +373,10 @@ def _scopes(request: ExportTraceServiceRequest, batch: RowBatch) -> list[tuple[i
 
 
 def rows_from_request(
-    request: ExportTraceServiceRequest, raw: bytes | None = None, content_free: bool = False
+    request: ExportTraceServiceRequest,
+    raw: bytes | None = None,
+    content_free: bool = False,
+    sender: str | None = None,
 ) -> RowBatch:
     """Rows for every valid span of a parsed export request; invalid spans are counted with a
     reason. The Python path: `rows_from_bytes` gives the same rows without parsing the call
@@ -352,11 +392,11 @@ def rows_from_request(
     check_content = not content_free and may_hold_content(
         raw if raw is not None else request.SerializeToString()
     )
-    _rows_python(raw, _scopes(request, batch), check_content, batch)
+    _rows_python(raw, _scopes(request, batch, sender), check_content, batch)
     return batch
 
 
-def rows_from_bytes(raw: bytes, content_free: bool = False) -> RowBatch | None:
+def rows_from_bytes(raw: bytes, content_free: bool = False, sender: str | None = None) -> RowBatch | None:
     """Rows for an export call straight from its bytes, without the protobuf library parsing
     its spans: the C accelerator checks that the library would parse each of them (field
     shapes, UTF-8, nesting) while it builds the rows, and only the few resource and scope
@@ -381,7 +421,9 @@ def rows_from_bytes(raw: bytes, content_free: bool = False) -> RowBatch | None:
             resource = resources.get(resource_bytes)
             if resource is None:
                 message = Resource.FromString(resource_bytes)
-                resource = resources[resource_bytes] = attributes(message.attributes, DEFAULT_DROP, result)
+                resource = resources[resource_bytes] = stamp_sender(
+                    attributes(message.attributes, DEFAULT_DROP, result), sender
+                )
             scope = InstrumentationScope.FromString(scope_bytes)
             rid, blob = resource_key(resource, scope.name[:256])
             batch.resources[rid] = blob
@@ -404,15 +446,23 @@ def rows_from_bytes(raw: bytes, content_free: bool = False) -> RowBatch | None:
         for value in raws:
             key = cache.get(value, _UNSEEN)
             if key is _UNSEEN:
-                key = normalize_request_id(value.decode("utf-8", "replace"))
+                text = value.decode("utf-8", "replace")
+                key = normalize_request_id(text)
                 key = cache[value] = key[:MAX_KEY] if key else None
+                _remember_engine_key(text, key)
             if key:
                 keys.add((key, tid))  # type: ignore[arg-type]
+                short = engine_key(key)
+                if short:
+                    keys.add((short, tid))  # type: ignore[arg-type]
                 break
     for tid, body in slow:
         key = _request_key(body, cache, _KEY_FINDERS)
         if key:
             keys.add((key, tid))
+            short = engine_key(key)
+            if short:
+                keys.add((short, tid))
     batch.chunks = [[tid.hex(), chunk_id(body), 0, n, body, root] for tid, body, n, root in chunks]
     batch.keys = {(key, tid.hex()) for key, tid in keys}
     batch.span_count = valid
@@ -488,6 +538,9 @@ def _rows_python(
                 request_key = _request_key(body, key_cache, needles)
                 if request_key:
                     add_key((request_key, tid))
+                    short = engine_key(request_key)
+                    if short:
+                        add_key((short, tid))
             pieces.append(pack(rid, len(body)))
             pieces.append(body)
     chunks = batch.chunks

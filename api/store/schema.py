@@ -117,6 +117,10 @@ requests = Table(
     Column("decode_pod", String(256)),
     Column("decode_node", String(256)),
     Column("pairing_level", String(32)),
+    # Tracing coverage (`semconv.Recipe`) and how both legs resolved (`<prefill>+<decode>`
+    # identity methods, or `unresolved`): the `coverage` stats dimension (migration 0009).
+    Column("coverage", String(32)),
+    Column("resolution", String(64)),
     Column("flag_names", Text, nullable=False),  # comma list, for display and stats
     Column("summary", LargeBinary, nullable=False),  # the RequestSummary as JSON
     Column("updated_ns", BigInteger, nullable=False),

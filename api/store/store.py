@@ -41,8 +41,8 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import Executable
 
-from railtrace.model import RequestSummary, Span
-from railtrace.normalize import normalize_span
+from railtrace.model import RequestSummary, Span, resolution_label
+from railtrace.normalize import normalize_span, request_id_forms
 from railtrace.store.engine import SqliteWal, SqliteWriters, checkpoint_sqlite_wal, is_sqlite
 from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
 from railtrace.store.rollup import DIMENSIONS, REQUEST_COLUMNS, RollupDelta, hour_of
@@ -722,12 +722,15 @@ class Store:
     def get_request_json(self, ident: str) -> bytes | None:
         """The stored JSON of `get_request`, as stored: the API answers with it unparsed.
 
-        One statement for the three ways an id can name a request (its primary trace, a
-        stitched trace of it, its request id), in that order of preference: the detail
+        One statement for the ways an id can name a request (its primary trace, a stitched
+        trace of it, its request id, an id any of its spans carried, in any of vLLM's forms:
+        docs/normalisation.md, "Request id forms"), in that order of preference: the detail
         endpoint is what a dashboard polls, mostly for requests not assembled yet.
         """
         with self._read() as conn:
-            blob = conn.execute(self._q.summary_by_ident, {"ident": _text(ident)}).scalar()
+            forms = request_id_forms(ident) or [""]
+            params = {"ident": _text(ident), "key": forms[0], "engine_key": forms[-1]}
+            blob = conn.execute(self._q.summary_by_ident, params).scalar()
         return bytes(blob) if blob is not None else None
 
     def trace_exists(self, trace_id: str) -> bool:
@@ -745,7 +748,7 @@ class Store:
         plus ~24 rollup rows per group and day, not the window's every request.
         """
         if group_by not in DIMENSIONS:
-            raise StoreError("group_by must be one of path_class, flag, pair")
+            raise StoreError("group_by must be one of path_class, flag, pair, coverage")
         lo = None if since_ns is None else -hour_of(-since_ns)  # start of the first whole hour
         hi = None if until_ns is None else hour_of(until_ns)  # end of the last one
         parts: list[Iterable[tuple[tuple[Any, ...], tuple[Any, ...]]]] = []
@@ -764,7 +767,7 @@ class Store:
                     acc = totals.setdefault(key, [0, 0.0, 0, 0.0, 0])
                     for i, v in enumerate(sums):
                         acc[i] += v
-        names = ("prefill_node", "decode_node", "pairing_level") if group_by == "pair" else (group_by,)
+        names = STATS_KEYS.get(group_by, (group_by,))
         ranked = sorted(
             ((k, v) for k, v in totals.items() if v[0] > 0),
             key=lambda kv: (-kv[1][0], [(x is None, x or "") for x in kv[0]]),
@@ -1089,6 +1092,8 @@ def _raw_stats(
         keys: tuple[Any, ...] = (r.c.flag_names,)
     elif group_by == "path_class":
         keys = (r.c.path_class,)
+    elif group_by == "coverage":
+        keys = (r.c.coverage, r.c.resolution)
     else:
         keys = (r.c.prefill_node, r.c.decode_node, r.c.pairing_level)
     ttft, kv = r.c.ttft_s, r.c.kv_duration_s
@@ -1156,10 +1161,19 @@ def _request_row(s: RequestSummary, now_ns: int, flag_names: list[str]) -> dict[
         "decode_pod": _text(s.decode.get("pod")),
         "decode_node": _text(s.decode.get("node")),
         "pairing_level": _text(s.pairing_level),
+        "coverage": _text(str(s.coverage.get("recipe") or "")[:32] or None),
+        "resolution": resolution_label(s.resolved, s.identity),
         "flag_names": ",".join(flag_names),
         "summary": orjson.dumps(s.to_dict(), option=orjson.OPT_NON_STR_KEYS),
         "updated_ns": now_ns,
     }
+
+
+# Group value names of the multi-key stats dimensions.
+STATS_KEYS = {
+    "pair": ("prefill_node", "decode_node", "pairing_level"),
+    "coverage": ("recipe", "resolution"),
+}
 
 
 def _text(value: str | None) -> str | None:
@@ -1364,14 +1378,28 @@ class _Statements:
             .join(traces, t.request_trace_id == r.trace_id)
             .where(t.trace_id == bindparam("ident"))
         )
+        # The id's joinable keys (`request_id_forms`): as the request's own id, then as a key
+        # any span of any of its traces carried (trace_keys: the EPP's x-request-id, vLLM's
+        # id, the sidecar's UUID, a KV connector's id), newest request first.
+        keys = (bindparam("key"), bindparam("engine_key"))
         by_request_id = (
             select(r.summary, literal_column("2").label("pref"))
-            .where(r.request_id == bindparam("ident"))
+            .where(r.request_id.in_(keys))
             .order_by(r.start_ns.desc())
             .limit(1)
             .subquery()
         )
-        found = union_all(by_primary, by_stitched, select(by_request_id)).subquery()
+        by_key = (
+            select(r.summary, literal_column("3").label("pref"))
+            .select_from(trace_keys)
+            .join(traces, t.trace_id == tk.trace_id)
+            .join(requests, r.trace_id == t.request_trace_id)
+            .where(tk.request_key.in_(keys))
+            .order_by(r.start_ns.desc())
+            .limit(1)
+            .subquery()
+        )
+        found = union_all(by_primary, by_stitched, select(by_request_id), select(by_key)).subquery()
         self.summary_by_ident = select(found.c.summary).order_by(found.c.pref).limit(1)
         # Each row locked and its last arrival read: on PostgreSQL by SELECT ... FOR UPDATE
         # (a no-op write would add a row version and an entry in every index of `traces`),

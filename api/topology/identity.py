@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from railtrace.model import Endpoint
 from railtrace.topology.model import GPU, NIC, Node, Pod, Topology
+from railtrace_tracing.semconv import IDENTITY
 
 
 def split_address(address: str) -> tuple[str, int | None]:
@@ -96,7 +97,7 @@ def pod_devices(topology: Topology, pod: Pod) -> tuple[list[GPU], list[NIC]]:
 # against spans that name endless distinct addresses.
 MAX_RESOLVED = 65_536
 # (pod, node, gpu, nic, rail) as resolved, and the notes saying how.
-Resolution = tuple[str | None, str | None, str | None, str | None, str | None, tuple[str, ...]]
+Resolution = tuple[str | None, str | None, str | None, str | None, str | None, str | None, tuple[str, ...]]
 
 
 def resolve_endpoint(
@@ -108,29 +109,83 @@ def resolve_endpoint(
     answer depends only on the fields below and the topology (immutable): it is remembered
     on the topology object, so a reloaded topology starts afresh.
     """
-    key = (ep.pod, ep.node, ep.gpu, ep.nic, ep.rail, ep.address, ep.host, local_gpu)
+    key = (
+        ep.pod,
+        ep.node,
+        ep.gpu,
+        ep.nic,
+        ep.rail,
+        ep.address,
+        ep.host,
+        local_gpu,
+        ep.identity,
+        ep.pod_ip,
+        ep.peer,
+        ep.sidecar_peer,
+    )
     cache: dict[tuple[str | None, ...], Resolution] = topology._resolved  # type: ignore[attr-defined]
     hit = cache.get(key)
     if hit is None:
         out, notes = _resolve_endpoint(topology, ep, local_gpu)
-        hit = (out.pod, out.node, out.gpu, out.nic, out.rail, tuple(notes))
+        hit = (out.pod, out.node, out.gpu, out.nic, out.rail, out.identity, tuple(notes))
         if len(cache) < MAX_RESOLVED:
             cache[key] = hit
     out = ep.copy()
-    out.pod, out.node, out.gpu, out.nic, out.rail, known = hit
+    out.pod, out.node, out.gpu, out.nic, out.rail, out.identity, known = hit
     return out, list(known)
+
+
+def _serving(topology: Topology, pod: Pod) -> bool:
+    """A model-server pod: it holds devices or says its P/D role or engine. A sender address
+    that is some other pod's (an OTel collector forwarding without X-Forwarded-For) names no leg."""
+    return bool(pod.claims or pod.role or pod.engine_id or topology.allocations_of(pod))
+
+
+def _unique_pod_at(topology: Topology, ip: str | None) -> Pod | None:
+    """The one non-host-network serving Pod with this IP (a host-network pod shares its node's
+    IP, so its address names no pod)."""
+    if not ip or not _is_ip(ip):
+        return None
+    pods = [p for p in topology.pods_at(ip) if not p.host_network and _serving(topology, p)]
+    return pods[0] if len(pods) == 1 else None
+
+
+def _identify(
+    topology: Topology, ep: Endpoint, notes: list[str]
+) -> tuple[Pod | None, Node | None, str | None]:
+    """The leg's pod, strongest evidence first, and which evidence decided
+    (`semconv.Identity`): the engine's `k8s.pod.name`; its `k8s.pod.ip` or OTLP sender
+    address matched to one Pod's IP; the EPP's pick; the P/D address; the sidecar's own pod
+    (the decode pod in nixlv2). Only the engine's own resource outranks its sender address."""
+    if ep.pod and ep.identity in (None, IDENTITY.K8S_RESOURCE):
+        pods = topology.pods_named(ep.pod)
+        if len(pods) == 1:
+            return pods[0], None, IDENTITY.K8S_RESOURCE
+    for ip, how in ((ep.pod_ip, IDENTITY.POD_IP), (ep.peer, IDENTITY.OTLP_PEER)):
+        pod = _unique_pod_at(topology, ip)
+        if pod is not None:
+            notes.append(f"pod {pod.name}: {how} {ip}")
+            return pod, None, how
+    if ep.pod:
+        pods = topology.pods_named(ep.pod)
+        if len(pods) == 1:
+            return pods[0], None, ep.identity or IDENTITY.EPP_PICK
+    node: Node | None = None
+    if ep.address:
+        pod, node, note = resolve_address(topology, ep.address)
+        notes.append(note)
+        if pod is not None:
+            return pod, node, IDENTITY.PD_ADDRESS
+    pod = _unique_pod_at(topology, ep.sidecar_peer)
+    if pod is not None:
+        notes.append(f"pod {pod.name}: the sidecar's own pod ({ep.sidecar_peer})")
+        return pod, None, IDENTITY.SIDECAR_POD
+    return None, node, (ep.identity if ep.pod else None)
 
 
 def _resolve_endpoint(topology: Topology, ep: Endpoint, local_gpu: str | None) -> tuple[Endpoint, list[str]]:
     notes: list[str] = []
-    pod: Pod | None = None
-    node: Node | None = None
-    if ep.pod:
-        pods = topology.pods_named(ep.pod)
-        pod = pods[0] if len(pods) == 1 else None
-    if pod is None and ep.address:
-        pod, node, note = resolve_address(topology, ep.address)
-        notes.append(note)
+    pod, node, identity = _identify(topology, ep, notes)
     if pod is None and ep.host:
         pods = topology.pods_named(ep.host)
         pod = pods[0] if len(pods) == 1 else None
@@ -141,7 +196,7 @@ def _resolve_endpoint(topology: Topology, ep: Endpoint, local_gpu: str | None) -
     if node is None and pod is not None:
         node = topology.node(pod.node)
     node_name = (node.name if node else None) or ep.node or (pod.node if pod else None)
-    out = replace(ep, pod=ep.pod or (pod.name if pod else None), node=node_name)
+    out = replace(ep, pod=pod.name if pod else ep.pod, node=node_name, identity=identity)
 
     gpu: GPU | None = None
     for ref in (ep.gpu, local_gpu):

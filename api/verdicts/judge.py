@@ -501,4 +501,7 @@ def judge(facts: RequestFacts, topology: Topology, config: VerdictConfig | None 
         span_count=facts.span_count,
         complete=facts.complete,
         pairing_level=pairing_level,
+        identity={"prefill": ctx.prefill.identity, "decode": ctx.decode.identity},
+        resolved=all(ep.node and ep.gpu and ep.nic for ep in (ctx.prefill, ctx.decode)),
+        coverage=dict(facts.coverage),
     )

@@ -140,9 +140,10 @@ def test_orphan_llm_request_alone_is_one_request_and_joins_when_the_rest_arrives
     spans = load_spans("pd-v0.9-orphan-vllm")
     orphans = [s for s in spans if s.name == "llm_request"]
     alone = assemble(copy.deepcopy(orphans))
-    assert len(alone) == 1  # both legs share the request id: one request, flagged
-    assert [f.name for f in alone[0].flags] == ["broken_trace"]
-    assert not alone[0].complete
+    assert len(alone) == 1  # both legs share the request id: one request
+    assert alone[0].flags == []  # both engines traced, sidecar not: coverage, not a flag
+    assert alone[0].coverage["recipe"] == "engines"
+    assert not alone[0].complete  # no outermost hop (gateway or sidecar) seen
     assert len(assemble(spans)) == 1
 
 
@@ -267,3 +268,17 @@ def test_sidecar_untraced_but_context_intact_is_not_broken() -> None:
     assert facts.timing_sources["prefill_leg"] == "service.name"
     # Without the sidecar, TTFT is gateway offset + prefill engine e2e + decode engine TTFT.
     assert facts.ttft_s == pytest.approx(0.003 + 0.0477 + 0.343)
+
+
+def test_decode_leg_from_the_sidecar_pod_when_the_engine_says_nothing() -> None:
+    """nixlv2 runs the sidecar in the decode pod: with no engine `k8s.*` and no EPP pick, the
+    sidecar's own pod (and address) stand for the decode leg, and the evidence says so."""
+    spans = [s for s in load_spans("pd-capture-current") if s.name != "pick_endpoints"]
+    for s in spans:
+        s.resource = {k: v for k, v in s.resource.items() if not k.startswith("k8s.")}
+        if s.name in ("forward_request", "prefill", "decode"):
+            s.resource = {**s.resource, "k8s.pod.name": "decode-pod-7", "railtrace.otlp.peer": "10.0.2.41"}
+        s.join_keys = None
+    (facts,) = assemble(spans)
+    assert (facts.decode.pod, facts.decode.identity) == ("decode-pod-7", "sidecar_pod")
+    assert facts.decode.sidecar_peer == "10.0.2.41"

@@ -361,3 +361,32 @@ def test_collector_images_named_in_deploy_are_pinned() -> None:
     images = {m for t in texts for m in re.findall(r"image:\s*(\S*opentelemetry-collector-contrib\S*)", t)}
     assert images, "deploy/ must name the collector image it runs"
     assert all(i.endswith(f":{CONTRIB_VERSION}") for i in images), images
+
+
+def test_tier1_gives_every_engine_span_its_pod() -> None:
+    """vLLM's resource carries no `k8s.*` and the P/D sidecar's none either (only the router
+    chart adds them to the EPP), so the production overlay's tier 1 must add the pod and node of
+    every sender, by the connection it came in on, before anything batches spans together (which
+    loses the connection), with the RBAC to read pods."""
+    config = CONFIGS[TIER1.name]
+    processors = config["service"]["pipelines"]["traces"]["processors"]
+    assert "k8sattributes" in processors
+    assert processors.index("k8sattributes") < processors.index("batch")
+    k8s = config["processors"]["k8sattributes"]
+    assert k8s["passthrough"] is False
+    assert {semconv.RES_POD, semconv.RES_NODE} <= set(k8s["extract"]["metadata"])
+    sources = [s for assoc in k8s["pod_association"] for s in assoc["sources"]]
+    assert {"from": "connection"} in sources
+    manifests = list(
+        yaml.safe_load_all((REPO / "deploy/components/collectors/loadbalancer.yaml").read_text())
+    )
+    role = next(m for m in manifests if m["kind"] == "ClusterRole")
+    pods_rule = next(r for r in role["rules"] if "pods" in r["resources"])
+    assert {"get", "list", "watch"} <= set(pods_rule["verbs"])
+    binding = next(m for m in manifests if m["kind"] == "ClusterRoleBinding")
+    deployment = next(m for m in manifests if m["kind"] == "Deployment")
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert account in [s["name"] for s in binding["subjects"]]
+    overlay = (REPO / "deploy/overlays/production/kustomization.yaml").read_text()
+    assert "collectors" in overlay

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from railtrace.model import Span
-from railtrace.normalize import engine_leg_hint, normalize_request_id, normalize_span, span_request_keys
+from railtrace.normalize import (
+    engine_leg_hint,
+    normalize_request_id,
+    normalize_span,
+    request_id_forms,
+    span_request_keys,
+)
 from railtrace.normalize.table import RULES, lookup
 from tests.fixtures.otlp_fixtures import load_expected, load_spans, scenario_names
 
@@ -67,7 +73,17 @@ def test_fixture_spans_normalise_as_expected(name: str) -> None:
         ),
         ("pick_pd_profile", "x", "", "scheduling", "pick_pd_profile", "current"),
         ("tokenize_render /render", "x", "", "scheduling", "tokenize_render /render", "current"),
-        ("llm_d.kv_cache.get_scores", "x", "", "kv_cache", "score_tokens", "v0.9"),
+        ("llm_d.kv_cache.get_scores", "x", "", "kv_cache", "score_tokens", "v0.8"),
+        ("llm_d.kv_cache.score_tokens", "x", "", "kv_cache", "score_tokens", "v0.10"),
+        # GIE v1.5.0's body-based router names its span gateway.request too: not the EPP's.
+        (
+            "gateway.request",
+            "gateway-api-inference-extension/bbr",
+            "gateway-api-inference-extension/bbr/extproc",
+            "other",
+            "gateway.request",
+            "gie",
+        ),
         ("llm_d.pd_proxy.request", "pd-sidecar", "", "proxy", "forward_request", "v0.8"),
         ("llm_d.pd_proxy.GET /v1/models", "x", "", "proxy", "llm_d.pd_proxy.GET /v1/models", "current"),
         ("chunked_decode", "x", "", "decode", "chunked_decode", "current"),
@@ -129,6 +145,36 @@ def test_llm_request_leg_from_the_span_alone(service: str, attrs: dict[str, obje
 )
 def test_request_id_normalisation(raw: object, key: str | None) -> None:
     assert normalize_request_id(raw) == key
+
+
+UUID = "3f2b8c1e-9a4d-4e7b-8c2f-5d1a6b7e9c01"
+
+
+@pytest.mark.parametrize(
+    ("raw", "public", "engine"),
+    [
+        # vLLM's engine id: the public id plus `-<8 hex>` (input_processor.assign_request_id).
+        (f"chatcmpl-{UUID}-99ae74c8", f"{UUID}-99ae74c8", UUID),
+        (f"cmpl-{UUID}-0-99ae74c8", f"{UUID}-0-99ae74c8", UUID),
+        (f"cmpl-{UUID}-3", UUID, UUID),
+        # A UUID ends in 12 hex digits: nothing to strip either way.
+        (UUID, UUID, UUID),
+        # A client's own id ending in 8 hex digits stays whole when read as a public id.
+        ("order-deadbeef", "order-deadbeef", "order"),
+    ],
+)
+def test_engine_id_form(raw: str, public: str, engine: str) -> None:
+    assert normalize_request_id(raw) == public
+    assert normalize_request_id(raw, engine_form=True) == engine
+    assert request_id_forms(raw) == list(dict.fromkeys([public, engine]))
+
+
+def test_kv_span_request_id_joins_in_its_engine_form() -> None:
+    kv = make(
+        "llm_d.kv_transfer", "vllm-decode", **{"llm_d.kv_transfer.request_id": f"cmpl-{UUID}-0-99ae74c8"}
+    )
+    vllm = make("llm_request", "vllm-decode", **{"gen_ai.request.id": f"cmpl-{UUID}-0"})
+    assert span_request_keys(kv) == span_request_keys(vllm) == [UUID]
 
 
 def test_request_keys_read_every_join_attribute() -> None:

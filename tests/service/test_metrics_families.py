@@ -81,6 +81,14 @@ class Reference:
         path_class = label((kv or {}).get("path_class") or "unknown")
         if old is None:
             self[semconv.M_REQUESTS].labels(path_class, label(new.get("model"))).inc(exemplar=ex)
+            identity = new.get("identity") or {}
+            resolution = (
+                f"{identity.get('prefill') or 'none'}+{identity.get('decode') or 'none'}"
+                if new.get("resolved")
+                else "unresolved"
+            )
+            recipe = label((new.get("coverage") or {}).get("recipe") or "unknown")
+            self[semconv.M_LEG_RESOLUTION].labels(recipe, label(resolution)).inc(exemplar=ex)
             pre, dec = new.get("prefill") or {}, new.get("decode") or {}
             if pre.get("node") or dec.get("node"):
                 level = label(new.get("pairing_level") or "unknown")
@@ -141,6 +149,10 @@ def _summary(rnd: random.Random, n: int, exact: bool = False) -> dict[str, Any]:
         "flags": [
             {"name": f} for f in rnd.sample(["tcp_fallback", "cross_block", "slow"], rnd.randint(0, 3))
         ],
+        # From the request's own number: the shared stream's draws above stay as they were.
+        "resolved": n % 2 == 0,
+        "identity": [{}, {"prefill": "otlp_peer", "decode": "k8s_resource"}, {"decode": "epp_pick"}][n % 3],
+        "coverage": [{}, {"recipe": "full"}, {"recipe": "decode_only"}][n % 5 % 3],
     }
 
 

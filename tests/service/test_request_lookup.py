@@ -14,7 +14,7 @@ from sqlalchemy import insert
 
 from railtrace.server.app import create_app
 from railtrace.store import Store, make_engine, migrate
-from railtrace.store.schema import requests, traces
+from railtrace.store.schema import requests, trace_keys, traces
 from railtrace.store.store import _statements, listed
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -101,9 +101,17 @@ def test_lookups_through_a_stitched_trace_read_both_tables_by_primary_key(db_url
             conn.exec_driver_sql("ANALYZE requests")
     q = _statements(s.sqlite)
     ids = listed([trace_id(3), trace_id(5)], s.sqlite)
-    for stmt, params in ((q.summary_by_ident, {"ident": trace_id(3)}), (q.previous_summaries, {"ids": ids})):
+    by_ident = {"ident": trace_id(3), "key": "r3", "engine_key": "r3"}
+    for stmt, params in ((q.summary_by_ident, by_ident), (q.previous_summaries, {"ids": ids})):
         plan = query_plan(s, stmt, params)
-        scans = ("Seq Scan on traces", "Seq Scan on requests", "SCAN traces", "SCAN requests")
+        scans = (
+            "Seq Scan on traces",
+            "Seq Scan on requests",
+            "Seq Scan on trace_keys",
+            "SCAN traces",
+            "SCAN requests",
+            "SCAN trace_keys",
+        )
         assert not [line for line in plan if any(scan in line for scan in scans)], plan
         assert "ix_traces_request" not in " ".join(plan)
     assert sorted(s.previous_summaries([trace_id(3), trace_id(4)])) == [trace_id(2), trace_id(4)]
@@ -123,3 +131,47 @@ def test_detail_answers_with_the_stored_json(db_url: str, store: Store) -> None:
         assert client.get("/api/v1/requests/" + "x" * 300).status_code == 400
         schema = client.get("/openapi.json").json()["paths"]["/api/v1/requests/{ident}"]["get"]
         assert "application/json" in schema["responses"]["200"]["content"]
+
+
+def test_every_id_form_of_a_request_finds_it(db_url: str) -> None:
+    """The EPP's x-request-id, vLLM's public id (`chatcmpl-`, `cmpl-...-N`), vLLM's engine id
+    (`-<8 hex>`, vLLM PR #27987) and the sidecar's UUID, each carried by some span of one of the
+    request's traces (`trace_keys`), all find it -- and a client's own id that merely ends in
+    `-<8 hex>` is not cut short when another request holds the shorter id."""
+    engine = make_engine(db_url)
+    migrate(engine)
+    s = Store(engine)
+    epp_id = "6f1c2b0e-9d7a-4c1e-8b2f-3a4d5e6f7a8b"
+    sidecar = "0b8e9d5c-b1a2-11f0-9c3d-0242ac120002"
+    a, b, c = trace_id(1), trace_id(2), trace_id(3)
+    with engine.begin() as conn:
+        conn.execute(
+            insert(requests), [_request_row(a, sidecar, 100), _request_row(c, "client-abcdef12", 200)]
+        )
+        conn.execute(insert(traces), [_trace_row(a, a), _trace_row(b, a), _trace_row(c, c)])
+        conn.execute(
+            insert(trace_keys),
+            [
+                {"request_key": epp_id, "trace_id": a},  # EPP spans' gen_ai.request.id
+                {"request_key": sidecar, "trace_id": a},  # sidecar's llm_d.pd_proxy.request_id
+                {"request_key": epp_id, "trace_id": b},  # an orphan vLLM llm_request
+                {"request_key": "client", "trace_id": c},
+            ],
+        )
+    forms = [
+        epp_id,
+        epp_id.upper(),
+        f"chatcmpl-{epp_id}",
+        f"cmpl-{epp_id}",
+        f"cmpl-{epp_id}-0",
+        f"chatcmpl-{epp_id}-99ae74c8",
+        f"cmpl-{epp_id}-0-99ae74c8",
+        sidecar,
+        b,
+    ]
+    for ident in forms:
+        found = s.get_request(ident)
+        assert found is not None and found["trace_id"] == a, ident
+    assert s.get_request("client-abcdef12")["trace_id"] == c  # type: ignore[index]
+    assert s.get_request("chatcmpl-unknown-99ae74c8") is None
+    engine.dispose()

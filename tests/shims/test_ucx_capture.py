@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from railtrace_tracing import semconv as sc
 from railtrace_tracing.kv_transfer.ucx_capture import UcxLogCapture
 

@@ -1,4 +1,8 @@
-"""`GET /api/v1/stats?group_by=path_class|flag|pair`: request counts and means per group."""
+"""`GET /api/v1/stats?group_by=path_class|flag|pair|coverage`: request counts and means per group.
+
+`coverage` groups by tracing recipe (which hops the deployment traces) and by how both legs
+resolved to node, GPU and NIC: what turning on more tracing, or the collector's k8sattributes
+processor, would add."""
 
 from __future__ import annotations
 
@@ -19,9 +23,10 @@ class GroupBy(StrEnum):
     PATH_CLASS = "path_class"
     FLAG = "flag"
     PAIR = "pair"
+    COVERAGE = "coverage"
 
 
-@router.get("/stats", summary="Requests per path class, flag or prefill/decode node pair")
+@router.get("/stats", summary="Requests per path class, flag, prefill/decode node pair or tracing coverage")
 async def stats(
     rt: RuntimeDep,
     group_by: GroupBy = GroupBy.PATH_CLASS,

@@ -1,0 +1,354 @@
+"""Each llm-d release end to end, with only what its code emits.
+
+For router v0.8.0, v0.9.0, v0.10.0 and HEAD, in the full P/D recipe and llm-d's shipped
+decode-only recipe, spans named and attributed as that release's code does (llm-d-router at
+the tag; vLLM's `llm_request`; docs/normalisation.md cites file and commit per name) are sent
+through the official OpenTelemetry SDK and OTLP/HTTP exporter into a running service. vLLM's
+resource carries no `k8s.*` (vLLM sets only `service.name`, `vllm.instrumenting_module_name`,
+`vllm.process_id`), the sidecar none either; each process exports through a collector that
+forwards for it (`X-Forwarded-For`, a trusted proxy). The topology is the cluster's Nodes,
+Pods (status.podIP), ResourceSlices and ResourceClaims as `kubectl get -o yaml` gives them.
+
+Checked per release and recipe: TTFT, no flag at all, both legs resolved to node, GPU and NIC
+wherever the spans allow (by which evidence), the tracing coverage, and the request found by
+every id an operator may hold.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from service_helpers import settings_for, wait_for
+
+from railtrace.server.runner import Service
+from railtrace.simulator.fleet import Pod, build_fleet
+from railtrace.simulator.scenarios import resolve
+
+MS = 1_000_000
+T0 = 1_790_100_000 * 10**9
+
+
+@dataclass(frozen=True)
+class Release:
+    """What one router release emits (llm-d-router at the tag; reference §5 rename map)."""
+
+    name: str
+    epp_service: str
+    epp_scope: str
+    sidecar_root: str
+    prefill: str
+    decode: str
+    pick: str
+    prepare: str
+    pick_endpoints: bool  # the scheduling subtree (pick_endpoints with endpoint ids), v0.10+
+    sidecar_injects: bool  # sidecar's otelhttp transport injects into vLLM (PR #1667, v0.10.0)
+
+
+RELEASES = [
+    Release(
+        "v0.8.0",
+        "llm-d-inference-scheduler",
+        "gateway-api-inference-extension/epp/extproc",
+        "llm_d.pd_proxy.request",
+        "llm_d.pd_proxy.prefill",
+        "llm_d.pd_proxy.decode",
+        "llm_d.epp.disagg.profile_handler.pick",
+        "llm_d.epp.prerequest.disaggregation",
+        False,
+        False,
+    ),
+    Release(
+        "v0.9.0",
+        "llm-d-router/epp",
+        "llm-d-router/pkg/epp/handlers",
+        "forward_request",
+        "prefill",
+        "decode",
+        "pick_disagg_profile",
+        "prepare_disaggregation",
+        False,
+        False,
+    ),
+    *(
+        Release(
+            tag,
+            "llm-d-router/epp",
+            "llm-d-router/pkg/epp/handlers",
+            "forward_request",
+            "prefill",
+            "decode",
+            "pick_disagg_profile",
+            "prepare_disaggregation",
+            True,
+            True,
+        )
+        for tag in ("v0.10.0", "HEAD")
+    ),
+]
+RECIPES = ("full", "decode_only")
+
+
+class Process:
+    """One emitting process: its own provider, resource and exporter, sent as if forwarded
+    by a collector for the pod's address."""
+
+    def __init__(self, url: str, resource: dict[str, Any], scope: str, sender: str | None) -> None:
+        headers = {"x-forwarded-for": sender} if sender else {}
+        self.provider = TracerProvider(resource=Resource.create(resource))
+        self.provider.add_span_processor(
+            SimpleSpanProcessor(OTLPSpanExporter(endpoint=url + "/v1/traces", headers=headers))
+        )
+        self.tracer = self.provider.get_tracer(scope)
+
+    def span(
+        self,
+        name: str,
+        start_ms: float,
+        end_ms: float,
+        attrs: dict[str, Any],
+        parent: Any = None,
+        kind: Any = None,
+    ) -> Any:
+        ctx = trace.set_span_in_context(parent) if parent is not None else None
+        span = self.tracer.start_span(
+            name,
+            context=ctx,
+            kind=kind or trace.SpanKind.INTERNAL,
+            attributes=attrs,
+            start_time=T0 + int(start_ms * MS),
+        )
+        span.end(end_time=T0 + int(end_ms * MS))
+        return span
+
+    def close(self) -> None:
+        self.provider.shutdown()
+
+
+def vllm_resource(service: str) -> dict[str, Any]:
+    # vllm/tracing/otel.py (foundation/observability/tracing/otel.py in newer releases).
+    return {
+        "service.name": service,
+        "vllm.instrumenting_module_name": "vllm.llm_engine",
+        "vllm.process_id": 4242,
+    }
+
+
+def llm_request(
+    max_tokens: int, completion: int, ttft: float, queue: float, e2e: float, rid: str
+) -> dict[str, Any]:
+    return {
+        "gen_ai.request.id": rid,
+        "gen_ai.request.max_tokens": max_tokens,
+        "gen_ai.usage.prompt_tokens": 812,
+        "gen_ai.usage.completion_tokens": completion,
+        "gen_ai.latency.time_to_first_token": ttft,
+        "gen_ai.latency.time_in_queue": queue,
+        "gen_ai.latency.time_in_model_prefill": ttft - queue,
+        "gen_ai.latency.e2e": e2e,
+    }
+
+
+def emit(url: str, rel: Release, recipe: str, prefill: Pod, decode: Pod) -> dict[str, Any]:
+    """Send one request as `rel` traces it; returns its ids."""
+    epp_id = str(uuid.uuid4())  # Envoy's / the EPP's x-request-id
+    sidecar_id = str(uuid.uuid4())  # the nixlv2 sidecar's own UUID, a second x-request-id
+    public = f"chatcmpl-{epp_id}"  # vLLM keeps the first x-request-id
+    engine_id = f"{public}-99ae74c8"  # vLLM's engine-internal id (PR #27987)
+    ids: dict[str, Any] = {"epp_id": epp_id, "sidecar_id": sidecar_id, "public": public, "engine": engine_id}
+    decode_vllm = Process(url, vllm_resource("vllm-decode"), "vllm.tracing.otel", decode.ip)
+    processes = [decode_vllm]
+    if recipe == "decode_only":
+        # llm-d's guide: the decode Deployment alone is patched; nothing upstream is traced.
+        root = decode_vllm.span(
+            "llm_request",
+            53,
+            2999,
+            llm_request(512, 200, 0.343, 0.322, 2.946, public),
+            kind=trace.SpanKind.SERVER,
+        )
+        ids["traces"] = [format(root.context.trace_id, "032x")]
+        for p in processes:
+            p.close()
+        return ids
+    # The router chart adds k8s.* to the EPP only (config/charts/routerlib/templates/_deployment.yaml).
+    epp = Process(
+        url,
+        {
+            "service.name": rel.epp_service,
+            "k8s.namespace.name": "llm-d",
+            "k8s.pod.name": "llm-d-router-epp-7c9f8d6b5-abcde",
+            "k8s.node.name": "cpu-node-1",
+        },
+        rel.epp_scope,
+        None,
+    )
+    sidecar = Process(url, {"service.name": "routing-proxy"}, "llm-d-router/pkg/sidecar/proxy", decode.ip)
+    prefill_vllm = Process(url, vllm_resource("vllm-prefill"), "vllm.tracing.otel", prefill.ip)
+    worker = Process(
+        url,
+        {**vllm_resource("vllm-decode"), "vllm.process_kind": "worker", "vllm.process_name": "VllmWorker-0"},
+        "railtrace.kv_transfer",
+        decode.ip,
+    )
+    processes += [epp, sidecar, prefill_vllm, worker]
+    # GIE v1.5.0's body-based router, in front of the EPP, starts its own root `gateway.request`
+    # (pkg/bbr/handlers/server.go): not the EPP's, never a request of its own.
+    bbr = Process(
+        url,
+        {"service.name": "gateway-api-inference-extension/bbr"},
+        "gateway-api-inference-extension/bbr/extproc",
+        None,
+    )
+    processes.append(bbr)
+    bbr.span("gateway.request", -0.5, 0.0, {}, kind=trace.SpanKind.SERVER)
+    rid = {"gen_ai.request.id": epp_id}
+    gateway = epp.tracer.start_span("gateway.request", kind=trace.SpanKind.SERVER, start_time=T0)
+    orch = epp.span("gateway.request_orchestration", 0.1, 0.4, rid, gateway, trace.SpanKind.SERVER)
+    epp.span(rel.pick, 0.12, 0.35, {**rid, "llm_d.epp.profile_handler.decision": "run_decode"}, orch)
+    if rel.pick_endpoints:
+        profile = epp.span(
+            "run_scheduler_profile", 0.13, 0.2, {"llm_d.epp.scheduling.profile.name": "decode"}, orch
+        )
+        epp.span(
+            "pick_endpoints",
+            0.15,
+            0.19,
+            {
+                **rid,
+                "llm_d.epp.picker.top_endpoints": [f"llm-d/{decode.name}-rank-0"],
+                "llm_d.epp.picker.top_scores": [1.0],
+            },
+            profile,
+        )
+    epp.span(
+        rel.prepare,
+        0.36,
+        0.39,
+        {**rid, "llm_d.epp.pd.prefill_pod_address": prefill.ip, "llm_d.epp.pd.prefill_pod_port": "8000"},
+        orch,
+    )
+    # Envoy forwards the EPP's injected traceparent to the sidecar: its spans join the EPP's trace.
+    root = sidecar.span(
+        rel.sidecar_root, 2, 3000, {"llm_d.pd_proxy.connector": "nixlv2"}, gateway, trace.SpanKind.SERVER
+    )
+    common = {"llm_d.pd_proxy.request_id": sidecar_id, "llm_d.pd_proxy.connector": "nixlv2"}
+    pre = sidecar.span(
+        rel.prefill, 2, 52, {**common, "llm_d.pd_proxy.prefill_target": f"{prefill.ip}:8000"}, root
+    )
+    dec = sidecar.span(
+        rel.decode,
+        52,
+        3000,
+        {
+            **common,
+            "llm_d.pd_proxy.decode.target": "localhost:8200",  # always loopback (options.go)
+            "llm_d.pd_proxy.true_ttft_ms": 50.0,
+            "llm_d.pd_proxy.prefill_duration_ms": 49.0,
+            "llm_d.pd_proxy.decode_duration_ms": 2947.0,
+        },
+        pre,  # nixlv2: decode is a child of prefill
+    )
+    gateway.end(end_time=T0 + 3001 * MS)
+    p_parent, d_parent = (pre, dec) if rel.sidecar_injects else (None, None)
+    p_span = prefill_vllm.span(
+        "llm_request", 3, 50, llm_request(1, 1, 0.045, 0.001, 0.047, public), p_parent, trace.SpanKind.SERVER
+    )
+    d_span = decode_vllm.span(
+        "llm_request",
+        53,
+        2999,
+        llm_request(512, 200, 0.343, 0.322, 2.946, public),
+        d_parent,
+        trace.SpanKind.SERVER,
+    )
+    # The KV connector runs in the worker process, which gets no trace headers: a root span
+    # that carries the engine's own id.
+    kv = worker.span(
+        "llm_d.kv_transfer",
+        60,
+        300,
+        {
+            "llm_d.kv_transfer.request_id": engine_id,
+            "llm_d.kv_transfer.transport": "rdma",
+            "llm_d.kv_transfer.operation": "read",
+        },
+    )
+    ids["traces"] = sorted(
+        {format(s.context.trace_id, "032x") for s in (gateway, root, p_span, d_span, kv)},
+        key=lambda t: t != format(gateway.context.trace_id, "032x"),
+    )
+    for p in processes:
+        p.close()
+    return ids
+
+
+@pytest.fixture(scope="module")
+def fleet_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    fleet = build_fleet("a3-ultra", resolve(["topology-aware"]), seed=7)
+    folder = tmp_path_factory.mktemp("cluster")
+    for path in fleet.write(folder):
+        if path.name == "railtrace-topology.yaml":
+            path.unlink()  # the live cluster's objects only
+    return folder, fleet
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("rel", RELEASES, ids=[r.name for r in RELEASES])
+def test_release_end_to_end(db_url: str, fleet_dir: tuple[Path, Any], rel: Release, recipe: str) -> None:
+    folder, fleet = fleet_dir
+    prefill = fleet.pods_of("topology-aware", "prefill")[0]
+    decode = fleet.pods_of("topology-aware", "decode")[0]
+    settings = settings_for(db_url, topology=[str(folder)], trusted_proxies=["127.0.0.1/32"])
+    with Service(settings) as svc:
+        ids = emit(svc.http_url, rel, recipe, prefill, decode)
+        first = ids["traces"][0]
+
+        def assembled() -> dict[str, Any] | None:
+            r = httpx.get(f"{svc.http_url}/api/v1/requests/{first}")
+            body = r.json() if r.status_code == 200 else None
+            want = 5 if recipe == "full" else 1
+            return (
+                body
+                if body and len(body["trace_ids"]) == len(ids["traces"]) and body["span_count"] >= want
+                else None
+            )
+
+        summary = wait_for(assembled, what=f"{rel.name} {recipe} assembled")
+        assert summary["flags"] == [], summary["flags"]
+        if recipe == "full":
+            assert summary["ttft_s"] == pytest.approx(0.002 + 0.050 + 0.343)
+            assert summary["coverage"]["recipe"] == "full"
+            legs = (("prefill", prefill), ("decode", decode))
+            assert summary["resolved"] is True
+        else:
+            assert summary["ttft_s"] == pytest.approx(0.343)  # the decode engine's own: nothing else traced
+            assert summary["coverage"]["recipe"] == "decode_only"
+            legs = (("decode", decode),)
+        for leg, pod in legs:
+            got = summary[leg]
+            assert (got["pod"], got["node"]) == (pod.name, pod.node.name), (leg, got)
+            assert got["gpu"] and got["nic"], (leg, got)
+            assert summary["identity"][leg] == "otlp_peer"
+        forms = [*ids["traces"], ids["epp_id"], ids["public"], ids["engine"], f"cmpl-{ids['epp_id']}-0"]
+        if recipe == "full":
+            forms.append(ids["sidecar_id"])
+        for ident in forms:
+            r = httpx.get(f"{svc.http_url}/api/v1/requests/{ident}")
+            assert r.status_code == 200 and r.json()["trace_id"] == summary["trace_id"], ident
+        listed = httpx.get(f"{svc.http_url}/api/v1/requests").json()["items"]
+        assert [r["trace_id"] for r in listed] == [summary["trace_id"]]  # the BBR's span is no request
+        groups = httpx.get(f"{svc.http_url}/api/v1/stats", params={"group_by": "coverage"}).json()["groups"]
+        resolution = "otlp_peer+otlp_peer" if recipe == "full" else "unresolved"
+        assert [(g["recipe"], g["resolution"], g["requests"]) for g in groups] == [(recipe, resolution, 1)]
+        series = f'llm_d_tracing_leg_resolution_total{{recipe="{recipe}",resolution="{resolution}"}} 1.0'
+        assert series in httpx.get(f"{svc.http_url}/metrics").text.splitlines()
