@@ -123,9 +123,7 @@ def any_value(value: AnyValue, depth: int = 0) -> Any:
     if kind == "kvlist_value":
         if depth >= MAX_DEPTH:
             return None
-        return {
-            kv.key: any_value(kv.value, depth + 1) for kv in value.kvlist_value.values[:MAX_ATTRIBUTES]
-        }
+        return {kv.key: any_value(kv.value, depth + 1) for kv in value.kvlist_value.values[:MAX_ATTRIBUTES]}
     if kind == "bytes_value":
         return base64.b64encode(value.bytes_value[:MAX_ATTR_VALUE_CHARS]).decode("ascii")
     return None
