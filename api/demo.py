@@ -71,11 +71,9 @@ def demo_command(args: argparse.Namespace) -> int:
                 f"unknown generation {args.generation!r}; choose one of {', '.join(GENERATIONS)}, all"
             )
         if any(r not in RECIPES for r in recipes):
-            raise ValueError(f"unknown recipe {args.recipe!r}; choose one of {', '.join(RECIPES)}, all")
-        if args.resources not in RESOURCE_MODES:
-            raise ValueError(
-                f"unknown resources {args.resources!r}; choose one of {', '.join(RESOURCE_MODES)}"
-            )
+            raise ValueError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}, all")
+        if resources not in RESOURCE_MODES:
+            raise ValueError(f"unknown resources {resources!r}; choose one of {', '.join(RESOURCE_MODES)}")
         if args.requests < 1:
             raise ValueError("--requests must be at least 1")
     except ValueError as exc:
