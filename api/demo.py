@@ -263,8 +263,9 @@ def coverage_report(summaries: dict[str, dict[str, Any]], recipe: str, resources
         if not s_.get("resolved"):
             for leg in ("prefill", "decode"):
                 if not ((s_.get(leg) or {}).get("nic")):
-                    untraced = f"{leg}_engine" in missing
-                    why[f"{leg} leg {'untraced' if untraced else 'not resolved'}"] += 1
+                    # No engine span for the leg (untraced, or lost), or a span that names no pod.
+                    no_span = f"{leg}_engine" in missing
+                    why[f"{leg} leg {'has no engine span' if no_span else 'not resolved'}"] += 1
                     break
         elif not s_.get("kv_transfer"):
             why["no KV-transfer span"] += 1
