@@ -32,6 +32,7 @@ NODES = [None, "", "node-a", "node-b"]
 LEVELS = [None, "host", "rail"]
 PATHS = ["tcp", "rdma_same_rail", "nvlink"]
 GROUPS = ("flag", "path_class", "pair")
+LATER_REQUEST_COLUMNS = frozenset({"coverage", "resolution"})
 
 
 @pytest.fixture
@@ -231,6 +232,10 @@ def rollup_rows(engine: Engine) -> dict[tuple[Any, ...], tuple[Any, ...]]:
         return {tuple(r[:6]): tuple(r[6:]) for r in conn.execute(select(t))}
 
 
+def before_coverage(rows: dict[tuple[Any, ...], tuple[Any, ...]]) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+    return {k: v for k, v in rows.items() if k[0] != "coverage"}
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_stats_from_the_rollup_equal_the_request_rows(engine: Engine, seed: int) -> None:
     rng = random.Random(seed)
@@ -279,7 +284,11 @@ def test_backfill_of_a_database_with_requests(new_database: Callable[[str], str]
     migrate(kept)
     run_history(kept, rng, steps=25)
     with kept.connect() as conn:
-        req_rows = [dict(r._mapping) for r in conn.execute(select(requests))]
+        # Columns added after 0002 (0009's coverage and resolution) are not there yet.
+        req_rows = [
+            {k: v for k, v in r._mapping.items() if k not in LATER_REQUEST_COLUMNS}
+            for r in conn.execute(select(requests))
+        ]
         flag_rows = [dict(r._mapping) for r in conn.execute(select(request_flags))]
     old = make_engine(new_database(kind))
     cfg = alembic_config()
@@ -290,7 +299,8 @@ def test_backfill_of_a_database_with_requests(new_database: Callable[[str], str]
         conn.execute(insert(request_flags), flag_rows)
     migrate(old)
     try:
-        assert rollup_rows(old).keys() == rollup_rows(kept).keys()
+        # Rows stored before 0009 have no coverage, so only the older dimensions can match.
+        assert before_coverage(rollup_rows(old)).keys() == before_coverage(rollup_rows(kept)).keys()
         for since, until in windows(rng):
             for g in GROUPS:
                 got = answered(Store(old), g, since, until)
