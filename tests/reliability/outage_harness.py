@@ -305,9 +305,13 @@ def can_mount_tmpfs(path: Path) -> str | None:
     return None
 
 
-def sqlite_disk_full(workdir: Path, seconds: float, size_mb: int = 64) -> dict[str, object]:
+def sqlite_disk_full(workdir: Path, seconds: float, size_mb: int = 256) -> dict[str, object]:
     """`railtrace serve` on SQLite on a `SmallDisk` filled for `seconds`, then freed; without
-    the right to mount one, the process's file size limit lowered and restored instead."""
+    the right to mount one, the process's file size limit lowered and restored instead.
+
+    The freed disk must hold what the exporters resend once it has room: on a quiet machine
+    their retries after a 5 s outage took the whole of a 64 MiB disk's WAL again, so the disk
+    stayed full for a reason of its own (too small for the traffic), not the one under test."""
     disk: SmallDisk | None = None
     if can_mount_tmpfs(workdir / "probe") is None:
         disk = SmallDisk(workdir / "disk", size_mb).mount()
