@@ -325,8 +325,15 @@ def admit(units: dict[str, list[Span]]) -> list[tuple[list[Span], JoinNotes]]:
     if wholes:
         cores, fragments = wholes, [u for u in live if not u.whole]
     else:
+        # The best-ranked unit is the core. Another of its kind that brings the same hop (two
+        # decode engines of one id, two sidecar traces) is a request of its own, not a member:
+        # start time and ids are the sender's word, so neither may displace the other.
         ordered = sorted(live, key=_rank)
-        cores, fragments = ordered[:1], ordered[1:]
+        kind = _rank(ordered[0])[0]
+        cores, fragments = ordered[:1], []
+        for unit in ordered[1:]:
+            same = _rank(unit)[0] == kind and bool(set(unit.slots) & set(ordered[0].slots))
+            (cores if same else fragments).append(unit)
     merged = [_Merged(c) for c in cores]
     notes = [JoinNotes() for _ in cores]
     fragments.sort(key=lambda u: (u.start_ns, u.uid))
@@ -429,6 +436,8 @@ def _core_trace(merged: _Merged) -> str:
 
 def filter_single(spans: list[Span]) -> tuple[list[Span], JoinNotes]:
     """The KV rule for a request that came in one trace."""
+    if not any(s.role == KV for s in spans):
+        return spans, JoinNotes()
     merged = _Merged(Unit("", spans))
     notes = JoinNotes()
     drop = _kv_filter(merged, notes)

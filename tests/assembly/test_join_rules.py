@@ -328,3 +328,16 @@ def test_v0_8_epp_root_joins_when_its_prefill_address_is_the_sidecars() -> None:
     facts = [f for f in assemble([*epp, *sidecar, *forged]) if f.coverage.get("traces", 0) > 1]
     assert len(facts) == 1 and facts[0].trace_id == f"{9:032x}"
     assert any(f"{8:032x}" in note for note in facts[0].coverage["rejected"])
+
+
+def test_decode_only_forged_earlier_engine_does_not_displace_the_request() -> None:
+    """llm-d's decode-only recipe: the decode engine's root and its KV span, nothing else."""
+    engine = _request()[5]
+    engine.parent_span_id = None
+    forged = _span(
+        3, 1, "llm_request", 0, 4000, dict(engine.attributes), service="vllm-decode", peer=ATTACKER
+    )
+    facts = assemble([engine, _kv(2, "rdma", DECODE_IP), forged])
+    mine = [f for f in facts if engine.trace_id in f.trace_ids]
+    assert len(mine) == 1 and mine[0].trace_id == engine.trace_id
+    assert mine[0].kv is not None and mine[0].kv.transport == "rdma" and f"{3:032x}" not in mine[0].trace_ids
