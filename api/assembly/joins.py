@@ -179,6 +179,17 @@ class Unit:
         slots += sorted(self.engines)
         self.slots = tuple(slots)
         self.fills = bool(slots or self.unlabelled)
+        # What the unit says about identities and addresses, worked out once (each distinct
+        # value once: a unit may hold thousands of spans of one sender).
+        self.sidecar_ids = frozenset(i for i in map(identity, self.sidecar) if i)
+        self.prefill_targets = frozenset(
+            h.lower() for h in (_host(s.attributes.get(semconv.PD_PREFILL_TARGET)) for s in self.sidecar) if h
+        )
+        self.epp_prefill = frozenset(
+            h.lower()
+            for h in (_host(s.attributes.get(semconv.EPP_PD_PREFILL_ADDRESS)) for s in self.epp)
+            if h
+        )
 
     def describe(self) -> str:
         root = min(self.spans, key=lambda s: (s.parent_span_id is not None, s.start_ns, s.span_id))
@@ -192,11 +203,13 @@ class _Merged:
         self.units = [core]
         self.slots = set(core.slots)
         self.unlabelled = len(core.unlabelled)
+        self._legs: dict[str, list[Identity]] = {}
 
     def add(self, unit: Unit) -> None:
         self.units.append(unit)
         self.slots.update(unit.slots)
         self.unlabelled += len(unit.unlabelled)
+        self._legs.clear()
 
     def room(self, unit: Unit) -> bool:
         """No hop the unit brings is here already, and its unlabelled engines have a leg free."""
@@ -205,44 +218,35 @@ class _Merged:
         legs = {PREFILL, DECODE} - self.slots - set(unit.slots)
         return len(unit.unlabelled) + self.unlabelled <= len(legs)
 
-    def _spans(self) -> Iterable[Span]:
-        for unit in self.units:
-            yield from unit.spans
-
     def engine(self, leg: str) -> Span | None:
         return next((u.engines[leg] for u in self.units if leg in u.engines), None)
 
-    def sidecar_ids(self) -> list[Identity]:
-        return [i for i in (identity(s) for u in self.units for s in u.sidecar) if i]
+    def sidecar_ids(self) -> set[Identity]:
+        return {i for u in self.units for i in u.sidecar_ids}
 
     def prefill_hosts(self) -> set[str]:
         """Hosts the sidecar sends the prefill leg to."""
-        hosts = set()
-        for unit in self.units:
-            for span in unit.sidecar:
-                host = _host(span.attributes.get(semconv.PD_PREFILL_TARGET))
-                if host:
-                    hosts.add(host.lower())
-        return hosts
+        return {h for u in self.units for h in u.prefill_targets}
+
+    def epp_prefill_hosts(self) -> set[str]:
+        """The prefill pod address the EPP chose."""
+        return {h for u in self.units for h in u.epp_prefill}
 
     def leg_identities(self, leg: str) -> list[Identity]:
         """What the request already says about the pod that ran this leg."""
+        known = self._legs.get(leg)
+        if known is None:
+            known = self._legs[leg] = self._leg_identities(leg)
+        return known
+
+    def _leg_identities(self, leg: str) -> list[Identity]:
         found: list[Identity] = []
         engine = self.engine(leg)
         if engine is not None and identity(engine):
             found.append(identity(engine))
         if leg == DECODE:  # the sidecar runs in the decode pod
-            found += self.sidecar_ids()
+            found += sorted(self.sidecar_ids() - set(found), key=Identity.describe)
         return found
-
-
-def _epp_prefill_hosts(unit: Unit) -> set[str]:
-    hosts = set()
-    for span in unit.epp:
-        host = _host(span.attributes.get(semconv.EPP_PD_PREFILL_ADDRESS))
-        if host:
-            hosts.add(host.lower())
-    return hosts
 
 
 def _check(unit: Unit, merged: _Merged) -> tuple[int, str]:
@@ -250,16 +254,16 @@ def _check(unit: Unit, merged: _Merged) -> tuple[int, str]:
     results: list[bool | None] = []
     basis: list[str] = []
     if unit.epp:
-        mine, theirs = _epp_prefill_hosts(unit), merged.prefill_hosts()
+        mine, theirs = set(unit.epp_prefill), merged.prefill_hosts()
         if mine and theirs:
             results.append(bool(mine & theirs))
             basis.append(f"prefill address {sorted(mine)} vs the sidecar's {sorted(theirs)}")
     if unit.sidecar and not unit.epp:
-        theirs = _epp_prefill_hosts_of(merged)
-        mine = {_host(s.attributes.get(semconv.PD_PREFILL_TARGET)) for s in unit.sidecar} - {None}
+        theirs = merged.epp_prefill_hosts()
+        mine = set(unit.prefill_targets)
         if mine and theirs:
-            results.append(bool({h.lower() for h in mine if h} & theirs))
-            basis.append(f"prefill target {sorted(h for h in mine if h)} vs the EPP's {sorted(theirs)}")
+            results.append(bool(mine & theirs))
+            basis.append(f"prefill target {sorted(mine)} vs the EPP's {sorted(theirs)}")
     for engine in unit.unlabelled:  # either leg: it must agree with one of them
         mine_id = identity(engine)
         per_leg = [
@@ -273,18 +277,11 @@ def _check(unit: Unit, merged: _Merged) -> tuple[int, str]:
             results.append(agree(mine_id, ref))
             basis.append(f"{leg} engine {mine_id.describe()} vs {ref.describe()}")
         if leg == PREFILL and mine_id.ips:
-            hosts = merged.prefill_hosts() | _epp_prefill_hosts_of(merged)
+            hosts = merged.prefill_hosts() | merged.epp_prefill_hosts()
             if hosts:
                 results.append(bool({ip.lower() for ip in mine_id.ips} & hosts))
                 basis.append(f"prefill engine {mine_id.describe()} vs prefill target {sorted(hosts)}")
     return _fold(results), "; ".join(basis)
-
-
-def _epp_prefill_hosts_of(merged: _Merged) -> set[str]:
-    hosts: set[str] = set()
-    for unit in merged.units:
-        hosts |= _epp_prefill_hosts(unit)
-    return hosts
 
 
 def _kv_leg(span: Span) -> str:
