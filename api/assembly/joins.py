@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from railtrace.model import Span
 from railtrace.normalize import engine_leg_hint
@@ -179,17 +180,22 @@ class Unit:
         slots += sorted(self.engines)
         self.slots = tuple(slots)
         self.fills = bool(slots or self.unlabelled)
-        # What the unit says about identities and addresses, worked out once (each distinct
-        # value once: a unit may hold thousands of spans of one sender).
-        self.sidecar_ids = frozenset(i for i in map(identity, self.sidecar) if i)
-        self.prefill_targets = frozenset(
-            h.lower() for h in (_host(s.attributes.get(semconv.PD_PREFILL_TARGET)) for s in self.sidecar) if h
-        )
-        self.epp_prefill = frozenset(
-            h.lower()
-            for h in (_host(s.attributes.get(semconv.EPP_PD_PREFILL_ADDRESS)) for s in self.epp)
-            if h
-        )
+
+    # What the unit says about identities and addresses, worked out once when first asked
+    # (each distinct value once: a unit may hold thousands of spans of one sender).
+    @cached_property
+    def sidecar_ids(self) -> frozenset[Identity]:
+        return frozenset(i for i in map(identity, self.sidecar) if i)
+
+    @cached_property
+    def prefill_targets(self) -> frozenset[str]:
+        hosts = (_host(s.attributes.get(semconv.PD_PREFILL_TARGET)) for s in self.sidecar)
+        return frozenset(h.lower() for h in hosts if h)
+
+    @cached_property
+    def epp_prefill(self) -> frozenset[str]:
+        hosts = (_host(s.attributes.get(semconv.EPP_PD_PREFILL_ADDRESS)) for s in self.epp)
+        return frozenset(h.lower() for h in hosts if h)
 
     def describe(self) -> str:
         root = min(self.spans, key=lambda s: (s.parent_span_id is not None, s.start_ns, s.span_id))
@@ -291,15 +297,18 @@ def _kv_leg(span: Span) -> str:
     return PREFILL if isinstance(op, str) and op.lower() == "write" else DECODE
 
 
-def check_kv(span: Span, merged: _Merged) -> tuple[int, str]:
-    leg = _kv_leg(span)
+def kv_status(span: Span, merged: _Merged) -> int:
+    """VERIFIED, UNKNOWN or CONTRADICTED: whether a KV span's sender is the engine that ran it."""
     mine = identity(span)
-    refs = merged.leg_identities(leg)
-    status = _fold(agree(mine, ref) for ref in refs)
-    known = ", ".join(r.describe() for r in refs) or "unknown"
+    return _fold(agree(mine, ref) for ref in merged.leg_identities(_kv_leg(span)))
+
+
+def kv_basis(span: Span, merged: _Merged) -> str:
+    """The evidence `kv_status` weighed, for the request's notes."""
+    leg = _kv_leg(span)
+    known = ", ".join(r.describe() for r in merged.leg_identities(leg)) or "unknown"
     return (
-        status,
-        f"{_ref(span)} in trace {span.trace_id} from {mine.describe()}, the {leg} engine is {known}",
+        f"{_ref(span)} in trace {span.trace_id} from {identity(span).describe()}, the {leg} engine is {known}"
     )
 
 
@@ -393,7 +402,7 @@ def admit(units: dict[str, list[Span]]) -> list[tuple[list[Span], JoinNotes]]:
             why = f"it fits {len(fits)} requests that share its id"
             if not fits:
                 why = "its sender is not the engine: " + "; ".join(
-                    check_kv(s, m)[1] for m in merged for s in unit.kv[:1]
+                    kv_basis(s, m) for m in merged for s in unit.kv[:1]
                 )
             for n in notes:
                 n.reject(f"{unit.describe()} not joined: {why}")
@@ -406,24 +415,24 @@ def admit(units: dict[str, list[Span]]) -> list[tuple[list[Span], JoinNotes]]:
 
 def _check_kv_unit(unit: Unit, merged: _Merged) -> int:
     """The worst standing of the unit's KV spans."""
-    return max((check_kv(s, merged)[0] for s in unit.kv), default=UNKNOWN)
+    return max((kv_status(s, merged) for s in unit.kv), default=UNKNOWN)
 
 
 def _kv_filter(merged: _Merged, notes: JoinNotes) -> set[int]:
     """KV spans that do not count (by `id()`): from a sender that is not the engine, or
     unverified while a verified one exists. Noted in the evidence."""
-    judged = [(s, *check_kv(s, merged)) for u in merged.units for s in u.kv]
-    verified = any(status == VERIFIED for _, status, _ in judged)
+    judged = [(s, kv_status(s, merged)) for u in merged.units for s in u.kv]
+    verified = any(status == VERIFIED for _, status in judged)
     drop: set[int] = set()
-    for span, status, basis in judged:
+    for span, status in judged:
         if status == CONTRADICTED:
             drop.add(id(span))
-            notes.reject(f"KV span not counted, its sender is not the engine: {basis}")
+            notes.reject(f"KV span not counted, its sender is not the engine: {kv_basis(span, merged)}")
         elif status == UNKNOWN and verified:
             drop.add(id(span))
-            notes.reject(f"KV span not counted, unverified beside a verified one: {basis}")
+            notes.reject(f"KV span not counted, unverified beside a verified one: {kv_basis(span, merged)}")
         elif status == UNKNOWN and span.trace_id != _core_trace(merged):
-            notes.unverify(f"KV span counted, sender not verified: {basis}")
+            notes.unverify(f"KV span counted, sender not verified: {kv_basis(span, merged)}")
     return drop
 
 
