@@ -88,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--cors-origin", action="append", metavar="ORIGIN", help="allow CORS from ORIGIN (repeatable)"
     )
+    serve.add_argument(
+        "--trusted-proxy",
+        action="append",
+        metavar="CIDR",
+        help="a proxy (e.g. an OTel collector) whose X-Forwarded-For names the real OTLP sender (repeatable)",
+    )
 
     demo = sub.add_parser("demo", help="run a simulated P/D fleet with injected faults end to end")
     demo.add_argument("--requests", type=int, default=400, help="requests to simulate (default 400)")

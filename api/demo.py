@@ -71,11 +71,9 @@ def demo_command(args: argparse.Namespace) -> int:
                 f"unknown generation {args.generation!r}; choose one of {', '.join(GENERATIONS)}, all"
             )
         if any(r not in RECIPES for r in recipes):
-            raise ValueError(f"unknown recipe {args.recipe!r}; choose one of {', '.join(RECIPES)}, all")
-        if args.resources not in RESOURCE_MODES:
-            raise ValueError(
-                f"unknown resources {args.resources!r}; choose one of {', '.join(RESOURCE_MODES)}"
-            )
+            raise ValueError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}, all")
+        if resources not in RESOURCE_MODES:
+            raise ValueError(f"unknown resources {resources!r}; choose one of {', '.join(RESOURCE_MODES)}")
         if args.requests < 1:
             raise ValueError("--requests must be at least 1")
     except ValueError as exc:
@@ -265,8 +263,9 @@ def coverage_report(summaries: dict[str, dict[str, Any]], recipe: str, resources
         if not s_.get("resolved"):
             for leg in ("prefill", "decode"):
                 if not ((s_.get(leg) or {}).get("nic")):
-                    untraced = f"{leg}_engine" in missing
-                    why[f"{leg} leg {'untraced' if untraced else 'not resolved'}"] += 1
+                    # No engine span for the leg (untraced, or lost), or a span that names no pod.
+                    no_span = f"{leg}_engine" in missing
+                    why[f"{leg} leg {'has no engine span' if no_span else 'not resolved'}"] += 1
                     break
         elif not s_.get("kv_transfer"):
             why["no KV-transfer span"] += 1

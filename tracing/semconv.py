@@ -146,6 +146,7 @@ class Identity(StrEnum):
     EPP_PICK = "epp_pick"  # the EPP's chosen endpoint `<ns>/<pod>-rank-<i>`
     PD_ADDRESS = "pd_address"  # the sidecar's / EPP's prefill or decode host:port
     SIDECAR_POD = "sidecar_pod"  # the sidecar's own pod (= the decode pod in the nixlv2 layout)
+    KV_PEER = "kv_peer"  # the KV transfer's remote engine id or host (the other leg, seen from one)
     NONE = "none"
 
 

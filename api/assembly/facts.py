@@ -749,7 +749,9 @@ def build(spans: Sequence[Span], notes: JoinNotes | None = None) -> RequestFacts
         flags.append(Flag(name=BROKEN_TRACE, evidence="; ".join(evidence), span_id=flag_span))
     for leg, basis in sorted(req.engine_basis.items()):
         timing.sources[f"{leg}_leg"] = basis
-    rooted = top.role in TOP_ROLES and req.trees.parent(top) is None
+    # The outermost traced hop has no parent among the spans: the gateway or sidecar root, or,
+    # when neither is traced (llm-d's decode-only recipe), the engine's own span.
+    rooted = req.trees.parent(top) is None
     return RequestFacts(
         trace_id=primary,
         trace_ids=[primary, *sorted({s.trace_id for s in req.spans} - {primary})],

@@ -161,6 +161,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         ("tls_cert", "tls_cert"),
         ("tls_key", "tls_key"),
         ("cors_origin", "cors_origins"),
+        ("trusted_proxy", "trusted_proxies"),
     ):
         value = getattr(args, arg, None)
         if value is not None:

@@ -200,18 +200,38 @@ def _value_after(body: bytes, pos: int) -> bytes | None:
 _KEY_FINDERS = tuple(needle for _attr, needle in KEY_NEEDLES)
 
 
-def _request_key(
-    body: bytes, cache: dict[bytes, str | None], needles: tuple[bytes, ...] | None = None
-) -> str | None:
-    """The span's strongest join key, by the normalisation table's key attributes (in order).
+KeyPair = tuple[str | None, str | None]
+_NO_KEY: KeyPair = (None, None)
 
-    `cache` maps raw id bytes to their normalised key: a request's spans repeat the same ids.
+
+def key_pair(text: str) -> KeyPair:
+    """The stored keys of one raw id: its public form, and -- when it differs -- the key it
+    stands for if it is vLLM's engine id (`<id>-<8 hex>`, docs/normalisation.md §5). Both are
+    stored, so a trace holding only a KV connector's id is found by the public id's key; that
+    only widens which traces assembly reads together, which joins on the attribute-aware keys
+    (`span_request_keys`)."""
+    key = normalize_request_id(text)
+    key = key[:MAX_KEY] if key else None
+    if key is None:
+        return _NO_KEY
+    short = normalize_request_id(text, engine_form=True)
+    short = short[:MAX_KEY] if short else None
+    return key, (short if short != key else None)
+
+
+def _request_key(
+    body: bytes, cache: dict[bytes, KeyPair], needles: tuple[bytes, ...] | None = None
+) -> KeyPair:
+    """The span's strongest join key (and its engine-id form), by the normalisation table's key
+    attributes (in order).
+
+    `cache` maps raw id bytes to their keys: a request's spans repeat the same ids.
     `needles`: the key needles worth looking for (those found in the span's scope), strongest
     first; by default all of them.
     """
     if needles is None:
         if b"request" not in body:  # every key attribute's name has it: rules most spans out
-            return None
+            return _NO_KEY
         needles = _KEY_FINDERS
     for needle in needles:
         at = body.find(needle)
@@ -220,38 +240,12 @@ def _request_key(
         raw = _value_after(body, at + len(needle))
         if raw is None:
             continue
-        if raw in cache:
-            key = cache[raw]
-        else:
-            text = raw.decode("utf-8", "replace")
-            key = normalize_request_id(text)
-            key = key[:MAX_KEY] if key else None
-            cache[raw] = key
-            _remember_engine_key(text, key)
-        if key:
-            return key
-    return None
-
-
-# Engine-form keys of raw ids seen, bounded (a request's spans repeat the same few ids).
-_ENGINE_KEYS: dict[str, str | None] = {}
-
-
-def engine_key(key: str) -> str | None:
-    """The key a stored key also stands for if its id was vLLM's engine-internal form
-    (`<id>-<8 hex>`, docs/normalisation.md), stored beside it so that a trace holding only a
-    KV connector's id is found by the public id's key. It only widens which traces assembly
-    reads together: assembly joins on the attribute-aware keys (`span_request_keys`)."""
-    return _ENGINE_KEYS.get(key)
-
-
-def _remember_engine_key(raw: str, key: str | None) -> None:
-    if not key or key in _ENGINE_KEYS:
-        return
-    short = normalize_request_id(raw, engine_form=True)
-    if len(_ENGINE_KEYS) >= 65_536:
-        _ENGINE_KEYS.clear()
-    _ENGINE_KEYS[key] = short[:MAX_KEY] if short and short != key else None
+        pair = cache.get(raw)
+        if pair is None:
+            pair = cache[raw] = key_pair(raw.decode("utf-8", "replace"))
+        if pair[0]:
+            return pair
+    return _NO_KEY
 
 
 _CONTENT_SCAN = KeyScan(k.encode() for k in DEFAULT_DROP)
@@ -440,36 +434,29 @@ def rows_from_bytes(raw: bytes, content_free: bool = False, sender: str | None =
         if len(batch.errors) < 50:
             s = PbSpan.FromString(encoding)
             batch.errors.append(_invalid(s) or f"span {s.span_id.hex()}: invalid")
-    cache: dict[bytes, str | None] = {}
+    cache: dict[bytes, KeyPair] = {}
     keys: set[tuple[str, bytes]] = set()
     for tid, raws in candidates:
         for value in raws:
-            key = cache.get(value, _UNSEEN)
-            if key is _UNSEEN:
-                text = value.decode("utf-8", "replace")
-                key = normalize_request_id(text)
-                key = cache[value] = key[:MAX_KEY] if key else None
-                _remember_engine_key(text, key)
+            pair = cache.get(value)
+            if pair is None:
+                pair = cache[value] = key_pair(value.decode("utf-8", "replace"))
+            key, short = pair
             if key:
-                keys.add((key, tid))  # type: ignore[arg-type]
-                short = engine_key(key)
+                keys.add((key, tid))
                 if short:
-                    keys.add((short, tid))  # type: ignore[arg-type]
+                    keys.add((short, tid))
                 break
     for tid, body in slow:
-        key = _request_key(body, cache, _KEY_FINDERS)
+        key, short = _request_key(body, cache, _KEY_FINDERS)
         if key:
             keys.add((key, tid))
-            short = engine_key(key)
             if short:
                 keys.add((short, tid))
     batch.chunks = [[tid.hex(), chunk_id(body), 0, n, body, root] for tid, body, n, root in chunks]
     batch.keys = {(key, tid.hex()) for key, tid in keys}
     batch.span_count = valid
     return batch
-
-
-_UNSEEN = object()
 
 
 def _rows_python(
@@ -479,7 +466,7 @@ def _rows_python(
     once, and validity is one expression for the usual case."""
     slices = span_slices(raw) if raw is not None and not check_content else None
     seen: set[bytes] = set()
-    key_cache: dict[bytes, str | None] = {}
+    key_cache: dict[bytes, KeyPair] = {}
     parts: dict[bytes, list[bytes]] = {}  # trace id -> its records' pieces, in order
     roots: set[bytes] = set()
     keys: set[tuple[str, bytes]] = set()  # (request key, trace id bytes)
@@ -535,10 +522,9 @@ def _rows_python(
             if not parent:
                 roots.add(tid)
             if needles is None or needles:
-                request_key = _request_key(body, key_cache, needles)
+                request_key, short = _request_key(body, key_cache, needles)
                 if request_key:
                     add_key((request_key, tid))
-                    short = engine_key(request_key)
                     if short:
                         add_key((short, tid))
             pieces.append(pack(rid, len(body)))

@@ -175,7 +175,7 @@ def _identify(
         pod, node, note = resolve_address(topology, ep.address)
         notes.append(note)
         if pod is not None:
-            return pod, node, IDENTITY.PD_ADDRESS
+            return pod, node, IDENTITY.KV_PEER if ep.identity == IDENTITY.KV_PEER else IDENTITY.PD_ADDRESS
     pod = _unique_pod_at(topology, ep.sidecar_peer)
     if pod is not None:
         notes.append(f"pod {pod.name}: the sidecar's own pod ({ep.sidecar_peer})")

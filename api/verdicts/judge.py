@@ -25,7 +25,7 @@ from railtrace.topology.identity import resolve_address, resolve_endpoint, resol
 from railtrace.topology.model import MISALIGNED, NIC, Topology
 from railtrace.verdicts.config import VerdictConfig
 from railtrace_tracing import semconv as sc
-from railtrace_tracing.semconv import PATH_CLASS, TRANSPORT, FlagName, TopologyLevel
+from railtrace_tracing.semconv import IDENTITY, PATH_CLASS, TRANSPORT, FlagName, TopologyLevel
 
 _RDMA_TL = ("rc", "dc", "ud", "srd")
 _NVLINK_TL = ("cuda_ipc", "rocm_ipc")
@@ -148,9 +148,9 @@ def _resolve_legs(ctx: _Ctx) -> None:
         if not rem.pod and not rem.address:
             peer = resolve_engine(ctx.topology, kv.remote_engine_id)
             if peer:
-                rem.pod = peer.name
+                rem.pod, rem.identity = peer.name, IDENTITY.KV_PEER
             elif kv.remote_host:
-                rem.address = kv.remote_host
+                rem.address, rem.identity = kv.remote_host, IDENTITY.KV_PEER
     gpu_p = kv.local_gpu if kv and ctx.local_role == "prefill" else None
     gpu_d = kv.local_gpu if kv and ctx.local_role == "decode" else None
     ctx.prefill, notes_p = resolve_endpoint(ctx.topology, prefill, gpu_p)

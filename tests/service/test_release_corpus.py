@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -98,16 +99,28 @@ RELEASES = [
 RECIPES = ("full", "decode_only")
 
 
+@dataclass(frozen=True)
+class Endpoints:
+    http: str
+    grpc: str
+
+
 class Process:
     """One emitting process: its own provider, resource and exporter, sent as if forwarded
-    by a collector for the pod's address."""
+    by a collector for the pod's address. The Go components (EPP, sidecar) export OTLP/gRPC
+    only (pkg/common/observability/tracing/telemetry.go); vLLM here OTLP/HTTP."""
 
-    def __init__(self, url: str, resource: dict[str, Any], scope: str, sender: str | None) -> None:
+    def __init__(
+        self, to: Endpoints, resource: dict[str, Any], scope: str, sender: str | None, grpc: bool = False
+    ) -> None:
         headers = {"x-forwarded-for": sender} if sender else {}
         self.provider = TracerProvider(resource=Resource.create(resource))
-        self.provider.add_span_processor(
-            SimpleSpanProcessor(OTLPSpanExporter(endpoint=url + "/v1/traces", headers=headers))
+        exporter = (
+            GrpcExporter(endpoint=to.grpc, insecure=True, headers=headers)
+            if grpc
+            else OTLPSpanExporter(endpoint=to.http + "/v1/traces", headers=headers)
         )
+        self.provider.add_span_processor(SimpleSpanProcessor(exporter))
         self.tracer = self.provider.get_tracer(scope)
 
     def span(
@@ -158,7 +171,7 @@ def llm_request(
     }
 
 
-def emit(url: str, rel: Release, recipe: str, prefill: Pod, decode: Pod) -> dict[str, Any]:
+def emit(url: Endpoints, rel: Release, recipe: str, prefill: Pod, decode: Pod) -> dict[str, Any]:
     """Send one request as `rel` traces it; returns its ids."""
     epp_id = str(uuid.uuid4())  # Envoy's / the EPP's x-request-id
     sidecar_id = str(uuid.uuid4())  # the nixlv2 sidecar's own UUID, a second x-request-id
@@ -191,8 +204,11 @@ def emit(url: str, rel: Release, recipe: str, prefill: Pod, decode: Pod) -> dict
         },
         rel.epp_scope,
         None,
+        grpc=True,
     )
-    sidecar = Process(url, {"service.name": "routing-proxy"}, "llm-d-router/pkg/sidecar/proxy", decode.ip)
+    sidecar = Process(
+        url, {"service.name": "routing-proxy"}, "llm-d-router/pkg/sidecar/proxy", decode.ip, grpc=True
+    )
     prefill_vllm = Process(url, vllm_resource("vllm-prefill"), "vllm.tracing.otel", prefill.ip)
     worker = Process(
         url,
@@ -310,7 +326,7 @@ def test_release_end_to_end(db_url: str, fleet_dir: tuple[Path, Any], rel: Relea
     decode = fleet.pods_of("topology-aware", "decode")[0]
     settings = settings_for(db_url, topology=[str(folder)], trusted_proxies=["127.0.0.1/32"])
     with Service(settings) as svc:
-        ids = emit(svc.http_url, rel, recipe, prefill, decode)
+        ids = emit(Endpoints(svc.http_url, svc.grpc_endpoint), rel, recipe, prefill, decode)
         first = ids["traces"][0]
 
         def assembled() -> dict[str, Any] | None:

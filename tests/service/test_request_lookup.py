@@ -175,3 +175,24 @@ def test_every_id_form_of_a_request_finds_it(db_url: str) -> None:
     assert s.get_request("client-abcdef12")["trace_id"] == c  # type: ignore[index]
     assert s.get_request("chatcmpl-unknown-99ae74c8") is None
     engine.dispose()
+
+
+def test_a_kv_span_alone_is_stored_under_the_public_key_too() -> None:
+    """A KV span, a root in vLLM's worker process, carries only vLLM's engine id: its trace is
+    stored under that id's public key as well, so the request's other traces find it (both
+    the C-accelerated and the Python row paths)."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from railtrace.ingest import prepare
+    from railtrace.otlp.encode import key_value
+
+    public = "6f1c2b0e-9d7a-4c1e-8b2f-3a4d5e6f7a8b"
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    rs.resource.attributes.extend([key_value("service.name", "vllm-decode")])
+    span = rs.scope_spans.add().spans.add()
+    span.trace_id, span.span_id = bytes.fromhex(trace_id(7)), bytes.fromhex("00000000000000a1")
+    span.name, span.start_time_unix_nano, span.end_time_unix_nano = "llm_d.kv_transfer", 10**18, 10**18 + 5
+    span.attributes.extend([key_value("llm_d.kv_transfer.request_id", f"chatcmpl-{public}-99ae74c8")])
+    for batch in (prepare(req.SerializeToString()), prepare(req)):
+        assert batch.keys == {(f"{public}-99ae74c8", trace_id(7)), (public, trace_id(7))}

@@ -52,6 +52,14 @@ def test_bad_trusted_proxy_is_a_clear_error() -> None:
         Settings(trusted_proxies=["10.0.0.0/33"])
 
 
+def test_trusted_proxies_from_the_command_line() -> None:
+    from railtrace.cli import build_parser
+    from railtrace.server.runner import settings_from_args
+
+    args = build_parser().parse_args(["serve", "--trusted-proxy", "10.0.0.0/8", "--trusted-proxy", "fd00::1"])
+    assert settings_from_args(args).trusted_proxies == ["10.0.0.0/8", "fd00::1"]
+
+
 def _spans(claimed_peer: str | None = None) -> list:
     memory = InMemorySpanExporter()
     attrs = {"service.name": "vllm-decode"}

@@ -102,18 +102,21 @@ def test_late_span_reopens_without_double_counting(service: Service) -> None:
     assert metric_sum(service, "llm_d_tracing_ttft_seconds_count") <= 1
 
 
-def test_hops_in_separate_traces_are_stitched_and_flagged(service: Service) -> None:
+def test_hops_in_separate_traces_are_stitched_not_flagged(service: Service) -> None:
+    """Hops in two traces joined by the request id they carry: one request, with the join in its
+    coverage. A release's propagation gap closed by ids is no broken trace."""
     post(service, export_request([1], split=True))
     service.runtime.assembler.run_once(now_ns=later())
     a = get_request(service, trace_id(1))
     b = get_request(service, trace_id(501))
     assert a is not None and a == b
     assert sorted(a["trace_ids"]) == sorted([trace_id(1), trace_id(501)])
-    assert "broken_trace" in {f["name"] for f in a["flags"]}
+    assert "broken_trace" not in {f["name"] for f in a["flags"]}
+    assert a["coverage"]["traces"] == 2 and "joined by" in a["coverage"]["joined"]
     with service.runtime.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(requests_table)).scalar_one() == 1
     listed = httpx.get(f"{service.http_url}/api/v1/requests", params={"flag": "broken_trace"}).json()
-    assert [r["trace_id"] for r in listed["items"]] == [a["trace_id"]]
+    assert listed["items"] == []
     assert metric_sum(service, "llm_d_tracing_stitched_requests_total") == 1
 
 

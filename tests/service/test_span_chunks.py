@@ -204,7 +204,12 @@ def test_migration_converts_span_rows_to_chunks_and_back(
 
 def test_join_keys_of_the_fixtures_are_the_decoded_spans_strongest_keys() -> None:
     """The receiver reads join keys from the wire bytes without decoding attributes; for real
-    llm-d/vLLM spans they must be what decoding finds."""
+    llm-d/vLLM spans they must be what decoding finds. The one addition: an id in vLLM's
+    engine form (`<id>-<8 hex>`, a KV connector's) is stored in both forms, since the wire scan
+    does not tell which attribute carried it (`rows.key_pair`)."""
+    from railtrace.normalize import table as ntable
+    from railtrace.store.rows import key_pair
+
     for raw in fixture_calls():
         batch = rows_from_request(parse_protobuf(raw), raw=raw, content_free=True)
         expected = set()
@@ -212,4 +217,10 @@ def test_join_keys_of_the_fixtures_are_the_decoded_spans_strongest_keys() -> Non
             keys = span_request_keys(span)
             if keys:
                 expected.add((keys[0], span.trace_id))
+                for attr in ntable.KEY_ATTRIBUTES:
+                    value = span.attributes.get(attr)
+                    value = value[0] if isinstance(value, list) and value else value
+                    if isinstance(value, str) and key_pair(value)[0]:
+                        expected.update((k, span.trace_id) for k in key_pair(value) if k)
+                        break
         assert batch.keys == expected
