@@ -50,7 +50,7 @@ def _summary(svc: Service, trace_id: str) -> dict[str, Any] | None:
 def _victim(svc: Service, fleet: Any, rel: corpus.Release) -> tuple[dict[str, Any], dict[str, Any]]:
     prefill = fleet.pods_of("topology-aware", "prefill")[0]
     decode = fleet.pods_of("topology-aware", "decode")[0]
-    ids = corpus.emit(svc.http_url, rel, "full", prefill, decode)
+    ids = corpus.emit(_endpoints(svc), rel, "full", prefill, decode)
 
     def stitched() -> dict[str, Any] | None:
         body = _summary(svc, ids["traces"][0])
@@ -61,9 +61,13 @@ def _victim(svc: Service, fleet: Any, rel: corpus.Release) -> tuple[dict[str, An
     return ids, before
 
 
-def _attacker(url: str) -> corpus.Process:
+def _endpoints(svc: Service) -> corpus.Endpoints:
+    return corpus.Endpoints(svc.http_url, svc.grpc_endpoint)
+
+
+def _attacker(svc: Service) -> corpus.Process:
     return corpus.Process(
-        url,
+        _endpoints(svc),
         {**corpus.vllm_resource("vllm-decode"), "vllm.process_kind": "worker"},
         "railtrace.kv_transfer",
         ATTACKER,
@@ -90,7 +94,7 @@ def test_forged_kv_span_from_another_sender_changes_no_verdict(
     folder, fleet = cluster
     with Service(settings_for(db_url, topology=[str(folder)], trusted_proxies=["127.0.0.1/32"])) as svc:
         ids, before = _victim(svc, fleet, HEAD)
-        attacker = _attacker(svc.http_url)
+        attacker = _attacker(svc)
         forged = attacker.span(
             "llm_d.kv_transfer",
             61,
@@ -115,7 +119,11 @@ def test_forged_earlier_gateway_request_is_not_the_primary_trace(
     with Service(settings_for(db_url, topology=[str(folder)], trusted_proxies=["127.0.0.1/32"])) as svc:
         ids, before = _victim(svc, fleet, HEAD)
         attacker = corpus.Process(
-            svc.http_url, {"service.name": "llm-d-router/epp"}, "llm-d-router/pkg/epp/handlers", ATTACKER
+            _endpoints(svc),
+            {"service.name": "llm-d-router/epp"},
+            "llm-d-router/pkg/epp/handlers",
+            ATTACKER,
+            grpc=True,  # the EPP exports OTLP/gRPC
         )
         forged = attacker.span(
             "gateway.request",
@@ -140,7 +148,7 @@ def test_junk_traces_past_the_cap_keep_the_stitch_and_kv_verdict(
     with Service(settings_for(db_url, topology=[str(folder)], trusted_proxies=["127.0.0.1/32"])) as svc:
         ids, before = _victim(svc, fleet, V0_9)  # orphan engine traces: stitched by the ids
         assert len(before["trace_ids"]) > 1
-        attacker = _attacker(svc.http_url)
+        attacker = _attacker(svc)
         for i in range(MAX_KEY_FANOUT + 1):
             attacker.span(
                 "junk",
