@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from railtrace.assembly.facts import build
-from railtrace.assembly.stitch import dedupe, group
+from railtrace.assembly.stitch import dedupe, requests
 from railtrace.model import RequestFacts, Span
 from railtrace.normalize import span_request_keys
 
@@ -37,9 +37,9 @@ def assemble(spans: Sequence[Span], now_ns: int | None = None) -> list[RequestFa
     try:
         unique = dedupe(spans)
         results: list[RequestFacts] = []
-        for members in group(unique):
+        for members, notes in requests(unique):
             try:
-                facts = build(members)
+                facts = build(members, notes)
             except Exception:  # one odd group must not cost the others
                 facts = None
             if facts is not None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from railtrace.assembly.joins import JoinNotes
 from railtrace.model import Candidate, Endpoint, Flag, KVFacts, RequestFacts, RouterPick, Span
 from railtrace.normalize import engine_leg_hint, normalize_request_id, span_request_keys
 from railtrace.normalize import table as ntable
@@ -713,8 +714,11 @@ def _model(req: _Request) -> str | None:
     return None
 
 
-def build(spans: Sequence[Span]) -> RequestFacts | None:
-    """Facts of one request, or None when the group is not a request (e.g. `index_evict`)."""
+def build(spans: Sequence[Span], notes: JoinNotes | None = None) -> RequestFacts | None:
+    """Facts of one request, or None when the group is not a request (e.g. `index_evict`).
+
+    `notes`: what the join rules rejected or could not verify (`railtrace.assembly.joins`),
+    kept in `coverage` as `rejected` and `unverified`."""
     if not any(s.role in REQUEST_ROLE_VALUES for s in spans):
         return None
     req = _Request(spans)
@@ -730,6 +734,13 @@ def build(spans: Sequence[Span]) -> RequestFacts | None:
     joined = _join_evidence(req, primary)
     if joined is not None:
         coverage["joined"] = joined[0]  # the release's propagation gap, closed by the ids
+    if notes is not None:
+        if notes.rejected:
+            coverage["rejected"] = list(notes.rejected)
+        if notes.unverified:
+            coverage["unverified"] = list(notes.unverified)
+        if notes.dropped:
+            coverage["notes_dropped"] = notes.dropped
     missing = _missing_hops(req)
     for note, span_id in missing:
         evidence.append(note)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeGuard
 
+from railtrace.assembly.joins import JoinNotes, admit, filter_single
 from railtrace.model import Span
 from railtrace.normalize import normalize_span, span_request_keys
 
@@ -142,12 +143,18 @@ def _one_request_trace(spans: Sequence[Span]) -> bool:
 
 
 def group(spans: Sequence[Span]) -> list[list[Span]]:
-    """Normalise, then split into groups: whole traces (or one request of a trace holding
-    several), joined when they share a request key."""
+    """The spans of each request found among `spans` (see `requests`)."""
+    return [members for members, _ in requests(spans)]
+
+
+def requests(spans: Sequence[Span]) -> list[tuple[list[Span], JoinNotes]]:
+    """Normalise, then split into requests: whole traces (or one request of a trace holding
+    several), joined when they share a request key and the join rules admit it
+    (`railtrace.assembly.joins`), each with what the rules rejected or could not verify."""
     for span in spans:
         normalize_span(span)
     if _one_request_trace(spans):
-        return [list(spans)]
+        return [filter_single(list(spans))]
     units = _units(spans)
     uf = _UnionFind()
     owner: dict[str, str] = {}
@@ -158,7 +165,15 @@ def group(spans: Sequence[Span]) -> list[list[Span]]:
             held = owner.setdefault(key, unit)
             if held != unit:
                 uf.union(held, unit)
-    groups: dict[str, list[Span]] = {}
+    candidates: dict[str, dict[str, list[Span]]] = {}
     for span in spans:
-        groups.setdefault(uf.find(units[(span.trace_id, span.span_id)]), []).append(span)
-    return [groups[k] for k in sorted(groups)]
+        unit = units[(span.trace_id, span.span_id)]
+        candidates.setdefault(uf.find(unit), {}).setdefault(unit, []).append(span)
+    out: list[tuple[list[Span], JoinNotes]] = []
+    for root in sorted(candidates):
+        members = candidates[root]
+        if len(members) == 1:
+            out.append(filter_single(next(iter(members.values()))))
+        else:
+            out.extend(admit(members))
+    return out

@@ -268,7 +268,9 @@ class Assembler:
         spans = _by_trace(self.store.load_spans(seen, normalize=False))
         self._store_come_due(wall_clock)
         keys = {tid: self._keys(spans.get(tid, [])) for tid in seen}
-        groups = _stitch(seen, keys, self.store.traces_for_keys(set().union(*keys.values())))
+        pairs = self.store.traces_for_keys(set().union(*keys.values()))
+        groups = _stitch(seen, keys, pairs)
+        excess = excess_notes(keys, pairs)
         self._store_come_due(wall_clock)
         others = {t for g in groups for t in g} - seen.keys()
         states = self.store.trace_states(others)
@@ -302,6 +304,7 @@ class Assembler:
             summaries: list[RequestSummary] = []
             try:
                 facts = self.pipeline.assemble(members, now_ns=now)
+                _note_excess(facts, excess)
                 summaries = [self.pipeline.judge(f) for f in facts]
             except Exception:  # leave this group without a summary, never retry it in a loop
                 log.exception("assembly failed for traces %s (%d spans)", sorted(g), len(members))
@@ -433,6 +436,17 @@ BUSY_BATCH = 50
 MAX_KEY_FANOUT = 32  # a "key" shared by more traces than this is not one request's id
 
 
+def _note_excess(facts: list[RequestFacts], excess: dict[str, str]) -> None:
+    if not excess:
+        return
+    for f in facts:
+        note = next((excess[t] for t in f.trace_ids or [f.trace_id] if t in excess), None)
+        if note is not None:
+            rejected = f.coverage.setdefault("rejected", [])
+            if note not in rejected:
+                rejected.append(note)
+
+
 def _by_trace(spans: list[Span]) -> dict[str, list[Span]]:
     out: dict[str, list[Span]] = {}
     for s in spans:
@@ -441,13 +455,19 @@ def _by_trace(spans: list[Span]) -> dict[str, list[Span]]:
 
 
 def _stitch(ready: dict[str, int], keys: dict[str, set[str]], pairs: list[tuple[str, str]]) -> list[set[str]]:
-    """Groups of traces that share a request key (union-find), each holding a ready trace."""
-    holders: dict[str, set[str]] = {}
+    """Groups of traces that share a request key (union-find), each holding a ready trace.
+
+    `pairs` lists each key's traces in order of first arrival. A key held by more than
+    `MAX_KEY_FANOUT` traces is not one request's alone (junk, or a client reusing an id): it
+    joins only the traces that came first, so traces sent later with the id cannot undo a
+    stitch already made; assembly's join rules then judge those (`railtrace.assembly.joins`).
+    """
+    holders: dict[str, dict[str, None]] = {}  # ordered sets
     for key, tid in pairs:
-        holders.setdefault(key, set()).add(tid)
+        holders.setdefault(key, {})[tid] = None
     for tid, ks in keys.items():
         for k in ks:
-            holders.setdefault(k, set()).add(tid)
+            holders.setdefault(k, {}).setdefault(tid, None)
     parent: dict[str, str] = {t: t for t in ready}
 
     def find(x: str) -> str:
@@ -458,12 +478,28 @@ def _stitch(ready: dict[str, int], keys: dict[str, set[str]], pairs: list[tuple[
         return x
 
     for tids in holders.values():
-        if len(tids) > MAX_KEY_FANOUT:
-            continue
-        first, *rest = sorted(tids)
+        first, *rest = sorted(list(tids)[:MAX_KEY_FANOUT])
         for t in rest:
             parent[find(t)] = find(first)
     groups: dict[str, set[str]] = {}
     for t in list(parent):
         groups.setdefault(find(t), set()).add(t)
     return [g for g in groups.values() if g & ready.keys()]
+
+
+def excess_notes(keys: dict[str, set[str]], pairs: list[tuple[str, str]]) -> dict[str, str]:
+    """Per trace that got stitched through a key held by too many traces, the note for its
+    request's evidence (`coverage.rejected`): how many traces with that key were left out."""
+    holders: dict[str, list[str]] = {}
+    for key, tid in pairs:
+        holders.setdefault(key, []).append(tid)
+    notes: dict[str, str] = {}
+    for key, tids in holders.items():
+        if len(tids) > MAX_KEY_FANOUT:
+            note = (
+                f"{len(tids) - MAX_KEY_FANOUT} later traces carrying request id {key} not considered: "
+                f"at most {MAX_KEY_FANOUT} traces share one id, the first to arrive"
+            )
+            for tid in tids[:MAX_KEY_FANOUT]:
+                notes.setdefault(tid, note)
+    return notes

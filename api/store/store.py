@@ -483,7 +483,8 @@ class Store:
         return {r[0]: DirtyTrace(r[0], r[1], r[2], r[3] is not None, bool(r[4])) for r in rows}
 
     def traces_for_keys(self, keys: Iterable[str]) -> list[tuple[str, str]]:
-        """(request key, trace id) for every trace holding one of these keys (stitching)."""
+        """(request key, trace id) for every trace holding one of these keys (stitching), each
+        key's traces in the order they first arrived."""
         ks = sorted({k for k in keys if k})
         if not ks:
             return []
@@ -1351,7 +1352,14 @@ class _Statements:
         self.trace_states = select(
             t.trace_id, t.last_arrival_ns, t.late_spans, t.assembled_ns, t.dirty
         ).where(ids(t.trace_id))
-        self.traces_for_keys = select(tk.request_key, tk.trace_id).where(ids(tk.request_key))
+        # In order of first arrival: a key held by more traces than one request has is
+        # stitched through the traces that came first (railtrace.ingest.assembler._stitch).
+        self.traces_for_keys = (
+            select(tk.request_key, tk.trace_id)
+            .select_from(trace_keys.outerjoin(traces, t.trace_id == tk.trace_id))
+            .where(ids(tk.request_key))
+            .order_by(tk.request_key, t.first_arrival_ns, tk.trace_id)
+        )
         self.chunks = (
             select(sc.trace_id, sc.body)
             .where(ids(sc.trace_id))
