@@ -196,13 +196,14 @@ def _res(service: str, pod: str, node: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def vllm_resource(service: str, **extra: Any) -> dict[str, Any]:
+def vllm_resource(service: str, module: str = "vllm.llm_engine", **extra: Any) -> dict[str, Any]:
     """vLLM's own resource: `OTEL_SERVICE_NAME` (llm-d's guide), the tracer module and the process
-    id (vllm/tracing/otel.py; vllm/foundation/observability/tracing/otel.py in newer vLLM)."""
+    id as a string (`init_otel_tracer`, vllm/tracing/otel.py l.76-78, the same in vLLM 0.16.0 to
+    0.34.0; docs/normalisation.md section 7)."""
     return {
         sc.RES_SERVICE_NAME: service,
-        sc.RES_VLLM_MODULE: "vllm.llm_engine",
-        "vllm.process_id": 1,
+        sc.RES_VLLM_MODULE: module,
+        "vllm.process_id": "1",
         **extra,
     }
 
@@ -290,9 +291,12 @@ class Emitter:
         return self._process(f"vllm/{pod.name}", pod, vllm_resource(f"vllm-{pod.role}"), traced)
 
     def _vllm_worker(self, pod: Pod) -> trace.TracerProvider:
-        """The engine's worker process, where the KV connector (and railtrace's KV shim) runs."""
+        """The engine's worker process, where the KV connector (and railtrace's KV shim) runs; its
+        resource as vLLM's worker tracer sets it (vllm/v1/executor/multiproc_executor.py)."""
         resource = vllm_resource(
-            f"vllm-{pod.role}", **{"vllm.process_kind": "worker", "vllm.process_name": "VllmWorker-0"}
+            f"vllm-{pod.role}",
+            "vllm.worker",
+            **{"vllm.process_kind": "worker", "vllm.process_name": "Worker_0"},
         )
         return self._process(f"vllm-worker/{pod.name}", pod, resource, True)
 
@@ -610,7 +614,7 @@ class Emitter:
         self, r: SimRequest, vllm: trace.TracerProvider, incoming: otel_context.Context | None
     ) -> trace.Span:
         """An aborted request has no first token, so no TTFT attributes (as vLLM reports it)."""
-        tracer = vllm.get_tracer("vllm.foundation.observability.tracing.otel")
+        tracer = vllm.get_tracer("vllm.tracing.otel")  # manual_instrument_otel's scope
         span = tracer.start_span(
             sc.SPAN_VLLM_REQUEST,
             context=incoming or otel_context.Context(),

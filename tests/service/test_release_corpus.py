@@ -148,11 +148,11 @@ class Process:
 
 
 def vllm_resource(service: str) -> dict[str, Any]:
-    # vllm/tracing/otel.py (foundation/observability/tracing/otel.py in newer releases).
+    # vllm/tracing/otel.py init_otel_tracer (vLLM 0.16.0 to 0.34.0): the process id is a string.
     return {
         "service.name": service,
         "vllm.instrumenting_module_name": "vllm.llm_engine",
-        "vllm.process_id": 4242,
+        "vllm.process_id": "4242",
     }
 
 
@@ -212,7 +212,12 @@ def emit(url: Endpoints, rel: Release, recipe: str, prefill: Pod, decode: Pod) -
     prefill_vllm = Process(url, vllm_resource("vllm-prefill"), "vllm.tracing.otel", prefill.ip)
     worker = Process(
         url,
-        {**vllm_resource("vllm-decode"), "vllm.process_kind": "worker", "vllm.process_name": "VllmWorker-0"},
+        {
+            **vllm_resource("vllm-decode"),
+            "vllm.instrumenting_module_name": "vllm.worker",
+            "vllm.process_kind": "worker",
+            "vllm.process_name": "Worker_0",
+        },
         "railtrace.kv_transfer",
         decode.ip,
     )
