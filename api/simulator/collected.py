@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from railtrace.simulator.fleet import NAMESPACE, VLLM_PORT, Fleet, Node, _pod_obj
+from railtrace.simulator.fleet import Fleet, Node, _pod_obj, engine_entries
 from railtrace.topology.collect import collect
 from railtrace.topology.sysfs_record import expand
 
@@ -74,18 +74,7 @@ def write_collected(fleet: Fleet, folder: str | Path) -> list[Path]:
     engines = {
         "apiVersion": "railtrace.io/v1alpha1",
         "kind": "Topology",
-        "pods": [
-            {
-                "name": p.name,
-                "namespace": NAMESPACE,
-                "node": p.node.name,
-                "ip": p.ip,
-                "port": VLLM_PORT,
-                "role": p.role,
-                "engineId": p.engine_id,
-            }
-            for p in fleet.pods
-        ],
+        "pods": engine_entries(fleet),
     }
     path = out / "engines.yaml"
     path.write_text(yaml.safe_dump(engines, sort_keys=False))

@@ -663,6 +663,22 @@ def _claim_obj(shape: Shape, pod: Pod) -> dict[str, Any]:
     }
 
 
+def engine_entries(fleet: Fleet) -> list[dict[str, Any]]:
+    """Each pod's address, role and vLLM engine id, as railtrace's topology YAML lists them."""
+    return [
+        {
+            "name": p.name,
+            "namespace": NAMESPACE,
+            "node": p.node.name,
+            "ip": p.ip,
+            "port": VLLM_PORT,
+            "role": p.role,
+            "engineId": p.engine_id,
+        }
+        for p in fleet.pods
+    ]
+
+
 def railtrace_doc(fleet: Fleet) -> dict[str, Any]:
     """railtrace's own topology YAML (docs/topology.md) for what the cluster does not publish:
     GPU NUMA nodes (the NVIDIA DRA driver has no NUMA attribute for full GPUs) and the vLLM
@@ -673,16 +689,5 @@ def railtrace_doc(fleet: Fleet) -> dict[str, Any]:
         "nodes": [
             {"name": n.name, "gpus": [{"name": g.name, "numa": g.numa} for g in n.gpus]} for n in fleet.nodes
         ],
-        "pods": [
-            {
-                "name": p.name,
-                "namespace": NAMESPACE,
-                "node": p.node.name,
-                "ip": p.ip,
-                "port": VLLM_PORT,
-                "role": p.role,
-                "engineId": p.engine_id,
-            }
-            for p in fleet.pods
-        ],
+        "pods": engine_entries(fleet),
     }

@@ -13,12 +13,18 @@ from typing import Any
 
 import pytest
 
+from railtrace.cli import build_parser
 from railtrace.demo import demo_command, format_report, run_demo
 from railtrace.simulator.scenarios import SCENARIOS
 from railtrace_tracing.semconv import FlagName
 
 REQUESTS = 48
 SEED = 5
+
+
+def demo_args(*argv: str) -> argparse.Namespace:
+    """The demo's options as the command line parses them."""
+    return build_parser().parse_args(["demo", *argv])
 
 
 def _run(
@@ -150,20 +156,10 @@ def test_decode_only_recipe_is_not_flagged_and_says_what_is_untraced(tmp_path: P
 
 
 def test_demo_covers_every_release_and_recipe(capsys: pytest.CaptureFixture[str]) -> None:
-    args = argparse.Namespace(
-        requests=2,
-        seed=3,
-        scenario=["topology-aware"],
-        shape="a3-ultra",
-        generation="all",
-        recipe="all",
-        resources="emitted",
-        db=None,
-        port=0,
-        grpc_port=0,
-        keep_serving=False,
-        json=False,
-    )
+    args = demo_args(
+        "--requests", "2", "--seed", "3", "--scenario", "topology-aware",
+        "--generation", "all", "--recipe", "all", "--resources", "emitted",
+    )  # fmt: skip
     assert demo_command(args) == 0
     out = capsys.readouterr().out
     for release in ("HEAD", "v0.10.0", "v0.9.0", "v0.8.0"):
@@ -179,34 +175,12 @@ def test_a_port_in_use_gives_a_clear_error(capsys: pytest.CaptureFixture[str]) -
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         port = s.getsockname()[1]
-        args = argparse.Namespace(
-            requests=4,
-            seed=1,
-            scenario=None,
-            shape="a3-ultra",
-            generation="current",
-            db=None,
-            port=port,
-            grpc_port=0,
-            keep_serving=False,
-            json=False,
-        )
+        args = demo_args("--requests", "4", "--seed", "1", "--port", str(port))
         assert demo_command(args) == 2
     assert f"port {port} (--port) is already in use" in capsys.readouterr().err
 
 
 def test_unknown_scenario_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
-    args = argparse.Namespace(
-        requests=4,
-        seed=1,
-        scenario=["nope"],
-        shape="a3-ultra",
-        generation="current",
-        db=None,
-        port=0,
-        grpc_port=0,
-        keep_serving=False,
-        json=False,
-    )
+    args = demo_args("--requests", "4", "--seed", "1", "--scenario", "nope")
     assert demo_command(args) == 2
     assert "unknown scenario 'nope'" in capsys.readouterr().err
