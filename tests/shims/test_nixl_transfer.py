@@ -47,6 +47,22 @@ def kv_spans(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in result["spans"] if s["name"] == sc.SPAN_KV_TRANSFER]
 
 
+
+def run_nixl_module(module: str, tmp_path: Path, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    """Run a NIXL test module in its own process, over loopback, with none of this process's
+    UCX, NIXL or railtrace settings, and its UCX log under `tmp_path`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "RAILTRACE_", "NIXL_"))}
+    env.update({"UCX_NET_DEVICES": "lo", "RAILTRACE_UCX_LOG": str(tmp_path / "ucx.%p.log"), **extra_env})
+    return subprocess.run(
+        [sys.executable, "-m", module],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )
+
 def test_default_transports_give_shm_cma(tmp_path: Path) -> None:
     result = run_loopback(tmp_path, "READ")
     assert result["transfers"][0]["state"] == "DONE" and result["verified"] is True
@@ -87,19 +103,7 @@ def test_no_ucx_evidence_means_unknown(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("layout", ["flat", "nested"])
 def test_vllm_connector_boundary_puts_kv_span_in_request_trace(tmp_path: Path, layout: str) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "RAILTRACE_", "NIXL_"))}
-    env.update(
-        {"UCX_NET_DEVICES": "lo", "RAILTRACE_UCX_LOG": str(tmp_path / "ucx.%p.log"), "RT_VLLM_LAYOUT": layout}
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.shims.vllm_boundary"],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        timeout=120,
-        capture_output=True,
-        text=True,
-    )
+    proc = run_nixl_module("tests.shims.vllm_boundary", tmp_path, RT_VLLM_LAYOUT=layout)
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RTRESULT "))
     result = json.loads(line.split(" ", 1)[1])
     assert result["verified"] is True
@@ -151,17 +155,7 @@ def test_two_peers_of_different_transports_each_span_names_its_own(tmp_path: Pat
 def test_a_post_that_raises_ends_its_span_with_the_error(tmp_path: Path) -> None:
     """Real NIXL: posting a handle whose peer was removed raises from `transfer()`; the
     exception reaches the caller unchanged and the span ends with its class as the error."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "RAILTRACE_", "NIXL_"))}
-    env.update({"UCX_NET_DEVICES": "lo", "RAILTRACE_UCX_LOG": str(tmp_path / "ucx.%p.log")})
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.shims.nixl_failure"],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        timeout=120,
-        capture_output=True,
-        text=True,
-    )
+    proc = run_nixl_module("tests.shims.nixl_failure", tmp_path)
     out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RTFAIL "))[7:])
     assert out["raised"] == "nixlNotFoundError"
     [span] = kv_spans(out)
