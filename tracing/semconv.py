@@ -415,6 +415,11 @@ VLLM_COMPLETION_TOKENS = _attr(
 GEN_AI_INPUT_TOKENS = _attr("gen_ai.usage.input_tokens", "int", "Input tokens.", origin="otel")
 GEN_AI_OUTPUT_TOKENS = _attr("gen_ai.usage.output_tokens", "int", "Output tokens.", origin="otel")
 GEN_AI_MAX_TOKENS = _attr("gen_ai.request.max_tokens", "int", "max_tokens.", origin="otel")
+GEN_AI_TOP_P = _attr("gen_ai.request.top_p", "double", "top_p, when the request sets it.", origin="vllm")
+GEN_AI_TEMPERATURE = _attr(
+    "gen_ai.request.temperature", "double", "temperature, when set and non-zero.", origin="vllm"
+)
+GEN_AI_N = _attr("gen_ai.request.n", "int", "Number of sequences asked for.", origin="vllm")
 
 # -- Generic OpenTelemetry keys railtrace reads or writes -----------------------------------
 ERROR_TYPE = _attr("error.type", "string", "Error class on failure.", origin="otel")
@@ -469,6 +474,9 @@ VERDICT_URL = _attr("railtrace.verdict.url", "string", "The request's page in ra
 
 # -- Resource attributes ----------------------------------------------------------------
 RES_SERVICE_NAME = _attr("service.name", "string", "Service name.", origin="otel")
+RES_SERVICE_VERSION = _attr(
+    "service.version", "string", "Service version (the llm-d router: its build ref).", origin="otel"
+)
 RES_POD = _attr("k8s.pod.name", "string", "Pod name.", origin="otel")
 RES_NODE = _attr("k8s.node.name", "string", "Node name.", origin="otel")
 RES_NAMESPACE = _attr("k8s.namespace.name", "string", "Namespace.", origin="otel")

@@ -676,7 +676,7 @@ def _missing_hops(req: _Request) -> list[tuple[str, str | None]]:
     sidecar span although it carries the request's id."""
     missing: list[tuple[str, str | None]] = []
     engines = req.engine
-    if PREFILL in engines and DECODE not in engines:
+    if PREFILL in engines and DECODE not in engines and not _decode_leg_failed(req):
         span = engines[PREFILL]
         missing.append(
             (
@@ -689,6 +689,14 @@ def _missing_hops(req: _Request) -> list[tuple[str, str | None]]:
         span = req.kv_spans[0]
         missing.append((f"{_ref(span)} has no sidecar or vLLM span in any trace", span.span_id))
     return missing
+
+
+def _decode_leg_failed(req: _Request) -> bool:
+    """The sidecar's decode leg ended in error. The sidecar then drops the connection, vLLM
+    aborts the request, and `OutputProcessor.abort_requests` ends it without `do_tracing`
+    (vllm/v1/engine/output_processor.py l.471-530 and l.688-707, vLLM 0.21.0): no decode
+    `llm_request` is written, so its absence is no lost span."""
+    return any(s.status_code == 2 for s in req.sc_decode)
 
 
 def _request_id(req: _Request) -> str | None:

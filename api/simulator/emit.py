@@ -33,7 +33,7 @@ from railtrace.simulator.scenarios import SCENARIOS
 from railtrace.simulator.ucxlog import endpoint_log
 from railtrace_tracing import semconv as sc
 from railtrace_tracing.kv_transfer import record_kv_transfer
-from railtrace_tracing.pd import EngineRecorder, Leg, PDProxyRecorder
+from railtrace_tracing.pd import Leg, PDProxyRecorder
 from railtrace_tracing.router_scoring import Candidate, SchedulingRecorder
 
 GENERATIONS = ("current", "v0.10", "v0.9", "v0.8")
@@ -196,6 +196,10 @@ def _res(service: str, pod: str, node: str, **extra: Any) -> dict[str, Any]:
     }
 
 
+# vLLM's tracer (`trace.get_tracer(__name__)` in vllm/tracing/otel.py l.195, vLLM 0.16.0 to 0.34.0).
+VLLM_TRACER = "vllm.tracing.otel"
+
+
 def vllm_resource(service: str, module: str = "vllm.llm_engine", **extra: Any) -> dict[str, Any]:
     """vLLM's own resource: `OTEL_SERVICE_NAME` (llm-d's guide), the tracer module and the process
     id as a string (`init_otel_tracer`, vllm/tracing/otel.py l.76-78, the same in vLLM 0.16.0 to
@@ -206,6 +210,65 @@ def vllm_resource(service: str, module: str = "vllm.llm_engine", **extra: Any) -
         "vllm.process_id": "1",
         **extra,
     }
+
+
+# The request parameters the simulated clients send: chat defaults but for max_tokens.
+# vLLM writes top_p, temperature and n only when truthy, so temperature 0 would be absent.
+CLIENT_TOP_P = 1.0
+CLIENT_TEMPERATURE = 0.7
+CLIENT_N = 1
+
+
+def vllm_llm_request(
+    provider: trace.TracerProvider,
+    *,
+    external_req_id: str,
+    arrival_ns: int,
+    scheduled_ns: int,
+    first_token_ns: int,
+    last_token_ns: int,
+    prompt_tokens: int,
+    completion_tokens: int,
+    max_tokens: int | None,
+    parent: otel_context.Context,
+) -> None:
+    """One `llm_request` exactly as vLLM writes it for a finished request.
+
+    `OutputProcessor.do_tracing` (vllm/v1/engine/output_processor.py l.731-786, vLLM 0.21.0;
+    the same body in 0.19.1 and 0.34.0, docs/normalisation.md section 7) through
+    `instrument_manual` on the tracer `vllm.tracing.otel`: kind SERVER, start at arrival, end
+    when the output processor sees the last token; the nine latency/usage/id attributes, then
+    top_p, max_tokens, temperature and n only when truthy. No model, no role, no status: a
+    request with no queueing (queued = arrival) here.
+    """
+    s = 1e-9
+    attributes: dict[str, Any] = {
+        sc.VLLM_TTFT: (first_token_ns - arrival_ns) * s,
+        sc.VLLM_E2E: (last_token_ns - arrival_ns) * s,
+        sc.VLLM_QUEUE: (scheduled_ns - arrival_ns) * s,
+        sc.VLLM_PROMPT_TOKENS: prompt_tokens,
+        sc.VLLM_COMPLETION_TOKENS: completion_tokens,
+        sc.VLLM_PREFILL: (first_token_ns - scheduled_ns) * s,
+        sc.VLLM_DECODE: (last_token_ns - first_token_ns) * s,
+        sc.VLLM_INFERENCE: (last_token_ns - scheduled_ns) * s,
+        sc.GEN_AI_REQUEST_ID: external_req_id,
+    }
+    for key, value in (
+        (sc.GEN_AI_TOP_P, CLIENT_TOP_P),
+        (sc.GEN_AI_MAX_TOKENS, max_tokens),
+        (sc.GEN_AI_TEMPERATURE, CLIENT_TEMPERATURE),
+        (sc.GEN_AI_N, CLIENT_N),
+    ):
+        if value:
+            attributes[key] = value
+    span = provider.get_tracer(VLLM_TRACER).start_span(
+        sc.SPAN_VLLM_REQUEST,
+        context=parent,
+        kind=SpanKind.SERVER,
+        attributes=attributes,
+        start_time=arrival_ns,
+    )
+    span.end(end_time=last_token_ns)
 
 
 def endpoint_id(pod: Pod, rank: int = 0) -> str:
@@ -267,9 +330,22 @@ class Emitter:
     def _full(self) -> bool:
         return self.recipe == "full"
 
+    def _go_version(self, image: str) -> dict[str, Any]:
+        """`service.version` as the router's Go tracer sets it (llm-d-router v0.9.0 and later,
+        pkg/common/observability/tracing/telemetry.go `newResource`: the router package's
+        `version.BuildRef`). The EPP image sets it to the release tag (Dockerfile.epp ldflags);
+        the sidecar image sets `pkg/sidecar/version.BuildRef` instead, so the sidecar sends it
+        empty. v0.8.0's tracer (pkg/telemetry/tracing.go) sets service.name alone."""
+        if self.generation == "v0.8":
+            return {}
+        release = RELEASES[self.generation]
+        tag = "v0.10.0" if release == "HEAD" else release  # HEAD builds describe the newest tag
+        return {sc.RES_SERVICE_VERSION: tag if image == "epp" else ""}
+
     def _epp(self) -> trace.TracerProvider:
         # The router chart adds k8s.* to the EPP (config/charts/routerlib/templates/_deployment.yaml).
-        return self.procs.provider("epp", _res(self.names.epp_service, EPP_POD, EPP_NODE), traced=self._full)
+        resource = _res(self.names.epp_service, EPP_POD, EPP_NODE, **self._go_version("epp"))
+        return self.procs.provider("epp", resource, traced=self._full)
 
     def _process(self, key: str, pod: Pod, resource: dict[str, Any], traced: bool) -> trace.TracerProvider:
         if self.resources == "collector":
@@ -282,7 +358,8 @@ class Emitter:
 
     def _sidecar(self, pod: Pod) -> trace.TracerProvider:
         service = self.names.sidecar_service if pod.sidecar_version == "current" else "pd-sidecar"
-        return self._process(f"sidecar/{pod.name}", pod, {sc.RES_SERVICE_NAME: service}, self._full)
+        resource = {sc.RES_SERVICE_NAME: service, **self._go_version("sidecar")}
+        return self._process(f"sidecar/{pod.name}", pod, resource, self._full)
 
     def _vllm(self, pod: Pod) -> trace.TracerProvider:
         traced = self._full or pod.role == "decode"  # llm-d's guide patches decode Deployments only
@@ -571,67 +648,45 @@ class Emitter:
         server.end(end_time=self.ns(r.end + 0.00016))
 
     def _vllm_prefill(self, r: SimRequest, headers: dict[str, str]) -> None:
-        """The prefill engine's `llm_request` (max_tokens=1) via the engine shim."""
-        EngineRecorder(self._vllm(r.prefill), role="prefill").llm_request(
-            request_id=f"chatcmpl-{epp_request_id(r)}",  # vLLM keeps the first x-request-id
-            arrival_time_ns=self.ns(r.prefill_arrive),
-            scheduled_time_ns=self.ns(r.prefill_start),
-            first_token_time_ns=self.ns(r.prefill_end),
-            last_token_time_ns=self.ns(r.prefill_end),
+        """The prefill engine's `llm_request`: the sidecar asks for one token (max_tokens=1)."""
+        vllm_llm_request(
+            self._vllm(r.prefill),
+            external_req_id=f"chatcmpl-{epp_request_id(r)}",  # vLLM keeps the first x-request-id
+            arrival_ns=self.ns(r.prefill_arrive),
+            scheduled_ns=self.ns(r.prefill_start),
+            first_token_ns=self.ns(r.prefill_end),
+            last_token_ns=self.ns(r.prefill_end),
             prompt_tokens=r.prompt_tokens,
             completion_tokens=1,
             max_tokens=1,
-            model=MODEL_NAME,
-            trace_headers=headers if "traceparent" in headers else None,
-            parent=None if "traceparent" in headers else otel_context.Context(),
+            parent=_W3C.extract(headers) if "traceparent" in headers else otel_context.Context(),
         )
 
     def _vllm_decode(self, r: SimRequest, headers: dict[str, str]) -> None:
-        """The decode engine's `llm_request` and, inside it, the KV pull through the KV shim."""
+        """The decode engine's `llm_request` and the KV pull its worker ran.
+
+        A request the sidecar gave up on is aborted in vLLM (the client went away), and
+        vLLM writes no `llm_request` for an aborted request: `abort_requests` never reaches
+        `do_tracing` (vllm/v1/engine/output_processor.py l.471-530, vLLM 0.21.0)."""
         dc = r.decode
-        vllm = self._vllm(dc)
         incoming = _W3C.extract(headers) if "traceparent" in headers else None
         if r.first_token is not None:
-            EngineRecorder(vllm, role="decode").llm_request(
-                request_id=f"chatcmpl-{epp_request_id(r)}",
-                arrival_time_ns=self.ns(r.decode_arrive),
-                scheduled_time_ns=self.ns(r.decode_start),
-                first_token_time_ns=self.ns(r.first_token),
-                last_token_time_ns=self.ns(r.end),
+            vllm_llm_request(
+                self._vllm(dc),
+                external_req_id=f"chatcmpl-{epp_request_id(r)}",
+                arrival_ns=self.ns(r.decode_arrive),
+                scheduled_ns=self.ns(r.decode_start),
+                first_token_ns=self.ns(r.first_token),
+                last_token_ns=self.ns(r.end),
                 prompt_tokens=r.prompt_tokens,
                 completion_tokens=r.output_tokens,
-                model=MODEL_NAME,
+                max_tokens=None,  # the simulated clients leave max_tokens unset
                 parent=incoming if incoming is not None else otel_context.Context(),
             )
-        else:
-            self._aborted_llm_request(r, vllm, incoming)
         if r.kv_ran:
             # The KV connector runs in the worker process, which vLLM gives no trace headers:
             # the transfer is a root span there, joined to the request by vLLM's engine id.
             self._kv_span(r, self._vllm_worker(dc), otel_context.Context())
-
-    def _aborted_llm_request(
-        self, r: SimRequest, vllm: trace.TracerProvider, incoming: otel_context.Context | None
-    ) -> trace.Span:
-        """An aborted request has no first token, so no TTFT attributes (as vLLM reports it)."""
-        tracer = vllm.get_tracer("vllm.tracing.otel")  # manual_instrument_otel's scope
-        span = tracer.start_span(
-            sc.SPAN_VLLM_REQUEST,
-            context=incoming or otel_context.Context(),
-            kind=SpanKind.SERVER,
-            start_time=self.ns(r.decode_arrive),
-            attributes={
-                sc.GEN_AI_REQUEST_ID: f"chatcmpl-{epp_request_id(r)}",
-                sc.GEN_AI_RESPONSE_MODEL: MODEL_NAME,
-                sc.VLLM_PROMPT_TOKENS: r.prompt_tokens,
-                sc.VLLM_QUEUE: r.decode_start - r.decode_arrive,
-                sc.LLM_D_ROLE: "decode",
-                sc.ERROR_TYPE: "timeout",
-            },
-        )
-        span.set_status(Status(StatusCode.ERROR, "aborted: timeout"))
-        span.end(end_time=self.ns(r.end))
-        return span
 
     def _kv_span(self, r: SimRequest, vllm: trace.TracerProvider, parent: otel_context.Context) -> None:
         dc, pf = r.decode, r.prefill

@@ -282,3 +282,25 @@ def test_decode_leg_from_the_sidecar_pod_when_the_engine_says_nothing() -> None:
     (facts,) = assemble(spans)
     assert (facts.decode.pod, facts.decode.identity) == ("decode-pod-7", "sidecar_pod")
     assert facts.decode.sidecar_peer == "10.0.2.41"
+
+
+@pytest.mark.parametrize(("decode_status", "broken"), [(2, False), (0, True), (1, True)])
+def test_a_decode_leg_that_failed_leaves_no_llm_request_and_no_broken_trace(
+    decode_status: int, broken: bool
+) -> None:
+    """vLLM writes no `llm_request` for a request it aborted, which is what happens when the
+    sidecar's decode leg gives up: then a prefill span without its decode span is expected. If
+    the decode leg did not fail, the decode engine's span was lost: a broken trace."""
+    spans = [s for s in load_spans("pd-capture-current") if s.name != "llm_request" or _is_prefill(s)]
+    for span in spans:
+        if span.name == "decode":
+            span.status_code = decode_status
+    (facts,) = assemble(spans)
+    assert ("broken_trace" in [f.name for f in facts.flags]) is broken
+    if broken:
+        (flag,) = [f for f in facts.flags if f.name == "broken_trace"]
+        assert "has no decode vLLM llm_request" in flag.evidence
+
+
+def _is_prefill(span: Any) -> bool:
+    return span.attributes.get("gen_ai.request.max_tokens") == 1
