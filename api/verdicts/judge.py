@@ -26,11 +26,8 @@ from railtrace.topology.model import MISALIGNED, NIC, Topology
 from railtrace.verdicts.config import VerdictConfig
 from railtrace_tracing import semconv as sc
 from railtrace_tracing.semconv import IDENTITY, PATH_CLASS, TRANSPORT, FlagName, TopologyLevel
+from railtrace_tracing.ucx import classify
 
-_RDMA_TL = ("rc", "dc", "ud", "srd")
-_NVLINK_TL = ("cuda_ipc", "rocm_ipc")
-_SHM_TL = ("cma", "knem", "xpmem", "sysv", "posix", "self", "mm", "shm")
-_STAGING_TL = ("cuda_copy", "gdr_copy", "rocm_copy", "rocm_gdr")
 _LEVEL_RANK = {lvl: i for i, lvl in enumerate(sc.TOPOLOGY_LEVEL_ORDER)}
 
 
@@ -78,19 +75,10 @@ class _Ctx:
 
 
 def lane_transport(lane: str) -> str:
-    """`rc_mlx5/mlx5_3:1` → rdma; `tcp/eth1` → tcp; `cuda_ipc/cuda` → nvlink; `cma/memory` → shm."""
-    tl = lane.split("/", 1)[0].strip().lower()
-    if tl.startswith(_RDMA_TL):
-        return TRANSPORT.RDMA
-    if tl in _NVLINK_TL:
-        return TRANSPORT.NVLINK
-    if tl in _SHM_TL:
-        return TRANSPORT.SHM
-    if tl == "tcp":
-        return TRANSPORT.TCP
-    if tl in _STAGING_TL:
-        return ""
-    return TRANSPORT.UNKNOWN
+    """The lane's transport class as the summary spells it (UCX's one classification,
+    `railtrace_tracing.ucx.classify`); "" for a local staging copy, which carries no KV bytes."""
+    transport = classify(lane)
+    return transport.value if transport is not None else ""
 
 
 def parse_lanes(devices: list[str], split: list[float]) -> list[Lane]:

@@ -20,6 +20,25 @@ def test_classify_every_transport_family() -> None:
     assert classify("cuda_copy/cuda") is None
 
 
+def test_classify_is_the_verdicts_classification() -> None:
+    """The shim's evidence and the service's verdicts read lanes through one table, so they
+    agree on the forms they used to disagree on: the `shm` alias, case, staging lanes."""
+    from railtrace.verdicts import lane_transport
+
+    lanes = {
+        "shm/memory": Transport.SHM,
+        "RC_MLX5/mlx5_0:1": Transport.RDMA,
+        "Tcp/eth0": Transport.TCP,
+        "rocm_ipc/rocm": Transport.NVLINK,
+        "udp/eth0": Transport.UNKNOWN,  # not UCX's `ud`
+        "rcache/x": Transport.UNKNOWN,
+        "gdr_copy/cuda": None,
+    }
+    for lane, expected in lanes.items():
+        assert classify(lane) == expected, lane
+        assert lane_transport(lane) == (expected.value if expected else ""), lane
+
+
 def test_config_cells() -> None:
     assert parse_config_cell("72% on rc_mlx5/mlx5_2:1 and 28% on dc_mlx5/mlx5_3:1") == (
         ["rc_mlx5/mlx5_2:1", "dc_mlx5/mlx5_3:1"],

@@ -32,26 +32,32 @@ _SHARE = re.compile(r"(\d+(?:\.\d+)?)% on (\S+)")
 _MEMORY = re.compile(r"\b((?:cuda|rocm)/[^\s,|]+)")
 _NIXL_WARN = re.compile(r"were detected, but .* support was not found|not available, please use", re.I)
 
-_RDMA_PREFIXES = ("rc_", "dc_", "ud_")
-_SHM = {"cma", "knem", "xpmem", "sysv", "posix", "self", "mm"}
-_STAGING = {"cuda_copy", "gdr_copy", "rocm_copy", "rocm_gdr"}
+# UCX transport-layer names (`UCX_TLS`, the `tl` of a `tl/dev` lane) by transport class. This is
+# the one classification of lanes: the shim's evidence and the service's verdicts both use it.
+_RDMA_TLS = ("rc", "dc", "ud", "srd")  # and their `_verbs` / `_mlx5` / `_efa` variants
+_NVLINK_TLS = frozenset({"cuda_ipc", "rocm_ipc"})
+# `shm` is UCX's alias for the shared-memory transports; a lane names the transport itself.
+_SHM_TLS = frozenset({"cma", "knem", "xpmem", "sysv", "posix", "self", "mm", "shm"})
+_STAGING_TLS = frozenset({"cuda_copy", "gdr_copy", "rocm_copy", "rocm_gdr"})
 # Lane keys that carry RMA (NIXL read/write), best first.
 _RMA_LANES = ("rma_bw", "rma", "rma_am")
 _OTHER_LANES = ("tag", "am_bw", "am")
 
 
 def classify(lane: str) -> Transport | None:
-    """Transport class of one `tl/dev` lane; None for local staging copies (cuda_copy …)."""
-    tl = lane.split("/", 1)[0].strip()
-    if tl.startswith(_RDMA_PREFIXES) or tl == "srd" or tl in ("rc", "dc", "ud"):
+    """Transport class of one `tl/dev` lane (`rc_mlx5/mlx5_3:1` → rdma, `tcp/eth1` → tcp,
+    `cuda_ipc/cuda` → nvlink, `cma/memory` → shm); None for local staging copies (`cuda_copy`),
+    which move no KV bytes between engines; unknown for a transport this table does not know."""
+    tl = lane.split("/", 1)[0].strip().lower()
+    if tl in _RDMA_TLS or tl.split("_", 1)[0] in _RDMA_TLS:
         return Transport.RDMA
-    if tl in ("cuda_ipc", "rocm_ipc"):
+    if tl in _NVLINK_TLS:
         return Transport.NVLINK
-    if tl in _SHM:
+    if tl in _SHM_TLS:
         return Transport.SHM
     if tl == "tcp":
         return Transport.TCP
-    if tl in _STAGING:
+    if tl in _STAGING_TLS:
         return None
     return Transport.UNKNOWN
 
