@@ -12,7 +12,7 @@ lock per `Metrics`, taken once per request; each family is a registry collector 
 exactly the samples prometheus_client's own would (`_total`/`_created`, `_bucket`/`_count`/
 `_sum`/`_created`, the latest exemplar per counter and per bucket). Because a series is plain
 data, an assembly process can hand over what it counted as a delta (`take`, in
-`railtrace.ingest.workers`) and the serve process adds it in (`merge`) instead of replaying
+`railtrace.scheduling.workers`) and the serve process adds it in (`merge`) instead of replaying
 each observation.
 """
 

@@ -50,7 +50,11 @@ def dedupe(spans: Iterable[object]) -> list[Span]:
     return sorted(chosen.values(), key=lambda s: (s.trace_id, s.start_ns, s.span_id))
 
 
-class _UnionFind:
+class UnionFind:
+    """Disjoint sets of ids, the smallest id of each set its root (so a grouping never depends
+    on arrival order). Both groupings of a request use it: scheduling's, of traces sharing a
+    request key (`railtrace.scheduling.grouping`), and assembly's, of the units below."""
+
     def __init__(self) -> None:
         self.parent: dict[str, str] = {}
 
@@ -156,7 +160,7 @@ def requests(spans: Sequence[Span]) -> list[tuple[list[Span], JoinNotes]]:
     if _one_request_trace(spans):
         return [filter_single(list(spans))]
     units = _units(spans)
-    uf = _UnionFind()
+    uf = UnionFind()
     owner: dict[str, str] = {}
     for span in spans:
         unit = units[(span.trace_id, span.span_id)]

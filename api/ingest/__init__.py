@@ -1,4 +1,5 @@
-"""Ingest: turn decoded spans into rows, commit them in groups, then acknowledge; assemble later."""
+"""Ingest: turn decoded spans into rows, commit them in groups, then acknowledge. Assembly is
+scheduled later, from the store (`railtrace.scheduling`)."""
 
 from railtrace.ingest.writer import BulkWriter, Overloaded, WriterUnavailable, prepare
 

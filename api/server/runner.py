@@ -22,7 +22,7 @@ from typing import Any
 
 import uvicorn
 
-from railtrace.ingest.assembler import Pipeline
+from railtrace.scheduling.assembler import Pipeline
 from railtrace.server.app import create_app
 from railtrace.server.grpc_server import make_grpc_server
 from railtrace.server.http_limits import bounded_protocol, http_limits

@@ -15,9 +15,9 @@ from typing import Any
 from sqlalchemy import Engine
 
 from railtrace.ingest import BulkWriter
-from railtrace.ingest.assembler import Assembler, Pipeline, default_pipeline
-from railtrace.ingest.workers import AssemblyWorkers, assembly_process_count
 from railtrace.metrics import Metrics
+from railtrace.scheduling.assembler import Assembler, Pipeline, default_pipeline
+from railtrace.scheduling.workers import AssemblyWorkers, assembly_process_count
 from railtrace.server.security import content_filter
 from railtrace.server.senders import trusted_networks
 from railtrace.settings import Settings

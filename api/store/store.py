@@ -1353,7 +1353,7 @@ class _Statements:
             t.trace_id, t.last_arrival_ns, t.late_spans, t.assembled_ns, t.dirty
         ).where(ids(t.trace_id))
         # In order of first arrival: a key held by more traces than one request has is
-        # stitched through the traces that came first (railtrace.ingest.assembler._stitch).
+        # stitched through the traces that came first (railtrace.scheduling.grouping.group_traces).
         self.traces_for_keys = (
             select(tk.request_key, tk.trace_id)
             .select_from(trace_keys.outerjoin(traces, t.trace_id == tk.trace_id))

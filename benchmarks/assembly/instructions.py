@@ -61,9 +61,9 @@ def assemble(url: str, child_gc: bool = False) -> int:
     import gc
     import time
 
-    from railtrace.ingest.assembler import Assembler, default_pipeline
-    from railtrace.ingest.workers import ASSEMBLY_GC_THRESHOLD
     from railtrace.metrics import Metrics
+    from railtrace.scheduling.assembler import Assembler, default_pipeline
+    from railtrace.scheduling.workers import ASSEMBLY_GC_THRESHOLD
     from railtrace.settings import Settings
     from railtrace.store import Store, make_engine
     from railtrace.topology import TopologyHolder
@@ -118,7 +118,7 @@ PIPELINE_REQUESTS = 256  # requests assembled per pass by --pipeline
 
 def pipeline_passes(url: str, passes: int) -> int:
     """Load the stored requests three times, run the pipeline over `passes` of the copies."""
-    from railtrace.ingest.assembler import default_pipeline
+    from railtrace.scheduling.assembler import default_pipeline
     from railtrace.settings import Settings
     from railtrace.store import Store, make_engine
     from railtrace.topology import TopologyHolder

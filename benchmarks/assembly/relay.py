@@ -43,8 +43,8 @@ def summaries(requests: int, folder: Path) -> Path:
     """Assemble the benchmark's requests once and save what `request_assembled` was given."""
     import time
 
-    from railtrace.ingest.assembler import Assembler, default_pipeline
-    from railtrace.ingest.workers import RecordedMetrics
+    from railtrace.scheduling.assembler import Assembler, default_pipeline
+    from railtrace.scheduling.workers import RecordedMetrics
     from railtrace.settings import Settings
     from railtrace.store import Store, make_engine
     from railtrace.topology import TopologyHolder
@@ -74,9 +74,9 @@ def summaries(requests: int, folder: Path) -> Path:
 def run(path: str, phase: str, batch: int) -> int:
     """The counted child: load the summaries; with phase "child" or "serve" count them as an
     assembly child does; with "serve" also apply the batches as the serve process does."""
-    from railtrace.ingest import workers
-    from railtrace.ingest.workers import RecordedMetrics
     from railtrace.metrics import Metrics
+    from railtrace.scheduling import workers
+    from railtrace.scheduling.workers import RecordedMetrics
     from railtrace_tracing import semconv
 
     # Code before 2026-12-01 replayed recorded updates through `workers.replay`.

@@ -8,7 +8,7 @@ What runs is the service's own code, in worker processes instead of the server's
   commit them with `Store.insert_batches` in groups of at most `write_batch_spans` spans (the
   writer's group commit). These are exactly the rows the server's writer commits; only
   `received_ns` (the commit's own clock) differs, as it does between any two server runs.
-- **Assembler processes** run `railtrace.ingest.assembler.Assembler.run_once` with the real
+- **Assembler processes** run `railtrace.scheduling.assembler.Assembler.run_once` with the real
   pipeline (`default_pipeline(settings, topology)`, the simulated fleet's topology, the same
   quiet period), like replicas sharing one database: they lease ready traces with
   `Store.claim_ready`, so each trace is assembled once.
@@ -231,8 +231,8 @@ class Inserter:
 
 def assemble_until(db_url: str, topo: Path, quiet_period_s: float, stop: Callable[[], bool]) -> None:
     """Run the real assembler's rounds (`run_once`, full batches) until `stop()` is true."""
-    from railtrace.ingest.assembler import FULL_BATCH, Assembler, default_pipeline
     from railtrace.metrics import Metrics
+    from railtrace.scheduling.assembler import FULL_BATCH, Assembler, default_pipeline
     from railtrace.store import Store, make_engine
     from railtrace.topology import TopologyHolder
 

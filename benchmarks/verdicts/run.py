@@ -1058,7 +1058,7 @@ def formula(
     transient, at most one per worker thread). `base` is the idle tree's RSS, children included;
     each assembly child holds its own batch, and without children the serve process holds one."""
     try:
-        from railtrace.ingest.assembler import FULL_BATCH
+        from railtrace.scheduling.assembler import FULL_BATCH
     except ImportError:
         FULL_BATCH = 500
     threads = min(args.clients, 40)

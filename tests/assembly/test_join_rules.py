@@ -345,13 +345,13 @@ def test_decode_only_forged_earlier_engine_does_not_displace_the_request() -> No
 
 def test_a_key_held_by_too_many_traces_stitches_the_first_to_arrive() -> None:
     """The assembler's stitching (before assembly's rules): junk sent later cannot undo it."""
-    from railtrace.ingest.assembler import MAX_KEY_FANOUT, _stitch, excess_notes
+    from railtrace.scheduling.grouping import MAX_KEY_FANOUT, excess_notes, group_traces
 
     legit = ["a1", "a2", "a3"]
     junk = [f"z{i:02d}" for i in range(MAX_KEY_FANOUT + 1)]
     pairs = [("k", t) for t in [*legit, *junk]]  # in order of first arrival
     keys = {"a1": {"k"}}
-    (group,) = _stitch({"a1": 0}, keys, pairs)
+    (group,) = group_traces({"a1": 0}, keys, pairs)
     assert set(legit) <= group and len(group) == MAX_KEY_FANOUT
     notes = excess_notes(keys, pairs)
     assert "4 later traces" in notes["a1"] and "z32" not in notes

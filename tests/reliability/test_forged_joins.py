@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "service"))
 import test_release_corpus as corpus
 from service_helpers import settings_for, wait_for
 
-from railtrace.ingest.assembler import MAX_KEY_FANOUT
+from railtrace.scheduling.grouping import MAX_KEY_FANOUT
 from railtrace.server.runner import Service
 from railtrace.simulator.fleet import build_fleet
 from railtrace.simulator.scenarios import resolve

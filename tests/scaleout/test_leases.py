@@ -9,9 +9,9 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from railtrace.ingest.assembler import Assembler, default_pipeline
 from railtrace.ingest.writer import prepare
 from railtrace.metrics import Metrics
+from railtrace.scheduling.assembler import Assembler, default_pipeline
 from railtrace.store import AssembledGroup, Store, make_engine, migrate
 from railtrace.store.schema import requests as requests_table
 from railtrace.store.schema import traces as traces_table

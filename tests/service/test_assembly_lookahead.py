@@ -15,9 +15,9 @@ import pytest
 from service_helpers import export_request, settings_for, trace_id
 from sqlalchemy import select
 
-from railtrace.ingest.assembler import GATHER_NS, Assembler, default_pipeline
 from railtrace.ingest.writer import prepare
 from railtrace.metrics import Metrics
+from railtrace.scheduling.assembler import GATHER_NS, Assembler, default_pipeline
 from railtrace.settings import Settings
 from railtrace.store import Store
 from railtrace.store.schema import requests as requests_table
@@ -190,7 +190,7 @@ def test_groups_coming_due_together_are_stored_in_one_transaction(
     """The running loop waits `PUBLISH_GATHER_S` past the first due time and stores every
     group due by then at once: two ingest commits a few milliseconds apart make one storing
     transaction, not two; a group due later than that waits for its own."""
-    from railtrace.ingest import assembler as assembler_mod
+    from railtrace.scheduling import assembler as assembler_mod
 
     assembler = _assembler(store, db_url)
     for n in (1, 2, 3):

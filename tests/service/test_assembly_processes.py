@@ -15,7 +15,7 @@ from service_helpers import export_request, settings_for, trace_id, wait_for
 from test_service_assembly import get_request, metric_sum, post
 
 from railtrace.cli import build_parser
-from railtrace.ingest.workers import AUTO_PROCESSES, assembly_process_count, usable_cpus
+from railtrace.scheduling.workers import AUTO_PROCESSES, assembly_process_count, usable_cpus
 from railtrace.server.runner import Service
 from railtrace.settings import Settings
 
@@ -49,8 +49,8 @@ def test_children_assemble_count_in_metrics_and_are_restarted(db_url: str) -> No
 
 def test_recorded_updates_replay_to_the_same_exposition() -> None:
     """What a child records and the serve process replays equals counting in place."""
-    from railtrace.ingest.workers import RecordedMetrics
     from railtrace.metrics import Metrics
+    from railtrace.scheduling.workers import RecordedMetrics
 
     new = {
         "trace_id": "a" * 32,

@@ -19,8 +19,8 @@ from prometheus_client import generate_latest as text_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
-from railtrace.ingest.workers import RecordedMetrics
 from railtrace.metrics import Metrics
+from railtrace.scheduling.workers import RecordedMetrics
 from railtrace_tracing import semconv
 
 OPENMETRICS = "application/openmetrics-text"

@@ -177,7 +177,7 @@ def test_retention_in_slices_leaves_the_rest_for_later_rounds(db_url: str) -> No
 def test_housekeeping_runs_while_a_backlog_keeps_the_loop_busy(db_url: str) -> None:
     """The pending gauge and retention are refreshed between full pages, not only once the
     backlog is gone."""
-    from railtrace.ingest.assembler import Assembler
+    from railtrace.scheduling.assembler import Assembler
 
     with Service(settings_for(db_url, quiet_period_s=3600)) as svc:
         rt = svc.runtime

@@ -153,7 +153,7 @@ def test_a_pooled_connection_is_checked_only_after_sitting_idle(
 
 
 def test_the_assembler_thread_writes_through_the_derived_state_engine(db_url: str) -> None:
-    from railtrace.ingest.assembler import Pipeline
+    from railtrace.scheduling.assembler import Pipeline
 
     pipeline = Pipeline(request_keys=lambda s: [], assemble=lambda spans, now_ns=None: [], judge=lambda f: f)
     runtime = Runtime(Settings(db=db_url), pipeline=pipeline).start()

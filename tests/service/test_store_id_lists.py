@@ -18,9 +18,9 @@ import orjson
 import pytest
 from sqlalchemy import insert, select
 
-from railtrace.ingest.assembler import Assembler, default_pipeline
 from railtrace.ingest.writer import prepare
 from railtrace.metrics import Metrics
+from railtrace.scheduling.assembler import Assembler, default_pipeline
 from railtrace.store import Store, make_engine, migrate
 from railtrace.store import spans as stored_spans
 from railtrace.store.rows import chunk_records
@@ -279,7 +279,7 @@ def test_statistics_are_refreshed_when_a_table_outgrows_them(db_url: str) -> Non
 def test_the_assembler_refreshes_statistics_every_few_seconds_and_survives_failure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from railtrace.ingest import assembler as assembler_module
+    from railtrace.scheduling import assembler as assembler_module
 
     url = f"sqlite:///{tmp_path / 'railtrace.db'}"
     store = _store(url)

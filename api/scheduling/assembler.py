@@ -22,6 +22,7 @@ from typing import Any
 
 from railtrace.metrics import Metrics
 from railtrace.model import RequestFacts, RequestSummary, Span
+from railtrace.scheduling.grouping import excess_notes, group_traces
 from railtrace.settings import Settings
 from railtrace.store import AssembledGroup, Store
 from railtrace_tracing import semconv
@@ -269,7 +270,7 @@ class Assembler:
         self._store_come_due(wall_clock)
         keys = {tid: self._keys(spans.get(tid, [])) for tid in seen}
         pairs = self.store.traces_for_keys(set().union(*keys.values()))
-        groups = _stitch(seen, keys, pairs)
+        groups = group_traces(seen, keys, pairs)
         excess = excess_notes(keys, pairs)
         self._store_come_due(wall_clock)
         others = {t for g in groups for t in g} - seen.keys()
@@ -433,7 +434,6 @@ RETENTION_SLICE_S = 0.25
 # that dies holding leases delays those requests by at most this much.
 LEASE_NS = 60 * 10**9
 BUSY_BATCH = 50
-MAX_KEY_FANOUT = 32  # a "key" shared by more traces than this is not one request's id
 
 
 def _note_excess(facts: list[RequestFacts], excess: dict[str, str]) -> None:
@@ -452,54 +452,3 @@ def _by_trace(spans: list[Span]) -> dict[str, list[Span]]:
     for s in spans:
         out.setdefault(s.trace_id, []).append(s)
     return out
-
-
-def _stitch(ready: dict[str, int], keys: dict[str, set[str]], pairs: list[tuple[str, str]]) -> list[set[str]]:
-    """Groups of traces that share a request key (union-find), each holding a ready trace.
-
-    `pairs` lists each key's traces in order of first arrival. A key held by more than
-    `MAX_KEY_FANOUT` traces is not one request's alone (junk, or a client reusing an id): it
-    joins only the traces that came first, so traces sent later with the id cannot undo a
-    stitch already made; assembly's join rules then judge those (`railtrace.assembly.joins`).
-    """
-    holders: dict[str, dict[str, None]] = {}  # ordered sets
-    for key, tid in pairs:
-        holders.setdefault(key, {})[tid] = None
-    for tid, ks in keys.items():
-        for k in ks:
-            holders.setdefault(k, {}).setdefault(tid, None)
-    parent: dict[str, str] = {t: t for t in ready}
-
-    def find(x: str) -> str:
-        parent.setdefault(x, x)
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for tids in holders.values():
-        first, *rest = sorted(list(tids)[:MAX_KEY_FANOUT])
-        for t in rest:
-            parent[find(t)] = find(first)
-    groups: dict[str, set[str]] = {}
-    for t in list(parent):
-        groups.setdefault(find(t), set()).add(t)
-    return [g for g in groups.values() if g & ready.keys()]
-
-
-def excess_notes(keys: dict[str, set[str]], pairs: list[tuple[str, str]]) -> dict[str, str]:
-    """Per trace that got stitched through a key held by too many traces, the note for its
-    request's evidence (`coverage.rejected`): how many traces with that key were left out."""
-    holders: dict[str, list[str]] = {}
-    for key, tid in pairs:
-        holders.setdefault(key, []).append(tid)
-    notes: dict[str, str] = {}
-    for key, tids in holders.items():
-        if len(tids) > MAX_KEY_FANOUT:
-            note = (
-                f"{len(tids) - MAX_KEY_FANOUT} later traces carrying request id {key} not considered: "
-                f"at most {MAX_KEY_FANOUT} traces share one id, the first to arrive"
-            )
-            for tid in tids[:MAX_KEY_FANOUT]:
-                notes.setdefault(tid, note)
-    return notes

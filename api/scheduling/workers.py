@@ -115,7 +115,7 @@ class RecordedMetrics(Metrics):
 
 def _child_main(settings_data: dict[str, Any], out: Any, stop: Any, index: int) -> None:
     """Entry point of one assembly process: the serve process's settings, its own engine."""
-    from railtrace.ingest.assembler import Assembler, default_pipeline
+    from railtrace.scheduling.assembler import Assembler, default_pipeline
     from railtrace.store import Store, make_engine
     from railtrace.topology import open_topology
 
