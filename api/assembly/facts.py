@@ -25,16 +25,11 @@ from railtrace_tracing.semconv import FLAG, HOP, IDENTITY, RECIPE, ROLE, STAGE, 
 
 LOOPBACK_PREFIXES = ("localhost", "127.", "[::1]", "::1", "0.0.0.0")
 MAX_ANCESTRY = 64
-# Module constants of the registry's plain values (`semconv.ROLE` and kin): assembly reads
-# these tens of times per request.
-PREFILL = ROLE.PREFILL
-DECODE = ROLE.DECODE
-PROXY = ROLE.PROXY
-GATEWAY = ROLE.GATEWAY
-KV_TRANSFER = ROLE.KV_TRANSFER
-ROUTER_ONLY_ROLES = frozenset({GATEWAY, ROLE.SCHEDULING, ROLE.KV_CACHE, ROLE.OTHER})
-TOP_ROLES = (GATEWAY, PROXY)
-REQUEST_ROLE_VALUES = frozenset({GATEWAY, ROLE.SCHEDULING, PROXY, PREFILL, DECODE, KV_TRANSFER})
+ROUTER_ONLY_ROLES = frozenset({ROLE.GATEWAY, ROLE.SCHEDULING, ROLE.KV_CACHE, ROLE.OTHER})
+TOP_ROLES = (ROLE.GATEWAY, ROLE.PROXY)
+REQUEST_ROLE_VALUES = frozenset(
+    {ROLE.GATEWAY, ROLE.SCHEDULING, ROLE.PROXY, ROLE.PREFILL, ROLE.DECODE, ROLE.KV_TRANSFER}
+)
 TRANSPORTS = frozenset(vars(TRANSPORT).values())
 UNKNOWN_TRANSPORT = TRANSPORT.UNKNOWN
 TCP = TRANSPORT.TCP
@@ -125,12 +120,12 @@ def _first(spans: Iterable[Span]) -> Span | None:
 
 
 def _is_sidecar_leg(span: Span) -> bool:
-    return span.canonical_name in (PREFILL, DECODE) and span.role in (PREFILL, DECODE)
+    return span.canonical_name in (ROLE.PREFILL, ROLE.DECODE) and span.role in (ROLE.PREFILL, ROLE.DECODE)
 
 
 def _is_sidecar_server(span: Span) -> bool:
     return (
-        span.role == PROXY
+        span.role == ROLE.PROXY
         and span.canonical_name.startswith("llm_d.pd_proxy.")
         and span.canonical_name != "forward_request"
     )
@@ -171,16 +166,16 @@ class _Request:
         for span in self.spans:
             named.setdefault(span.canonical_name, []).append(span)
         self.named = named
-        self.gateways = [s for s in named.get(semconv.SPAN_GATEWAY_REQUEST, []) if s.role == GATEWAY]
+        self.gateways = [s for s in named.get(semconv.SPAN_GATEWAY_REQUEST, []) if s.role == ROLE.GATEWAY]
         self.orchestrations = named.get("gateway.request_orchestration", [])
         self.profiles = named.get(semconv.SPAN_RUN_SCHEDULER_PROFILE, [])
         self.pick_spans = named.get(semconv.SPAN_PICK_ENDPOINTS, [])
         self.prepares = named.get("prepare_disaggregation", [])
         self.servers = [s for s in self.spans if _is_sidecar_server(s)]
         self.forwards = named.get(semconv.SPAN_PD_FORWARD, [])
-        self.sc_prefill = [s for s in named.get(PREFILL, []) if s.role == PREFILL]
-        self.sc_decode = [s for s in named.get(DECODE, []) if s.role == DECODE]
-        self.kv_spans = [s for s in self.spans if s.role == KV_TRANSFER]
+        self.sc_prefill = [s for s in named.get(ROLE.PREFILL, []) if s.role == ROLE.PREFILL]
+        self.sc_decode = [s for s in named.get(ROLE.DECODE, []) if s.role == ROLE.DECODE]
+        self.kv_spans = [s for s in self.spans if s.role == ROLE.KV_TRANSFER]
         self.engine: dict[str, Span] = {}
         self.engine_basis: dict[str, str] = {}
         self._assign_engines(named.get(semconv.SPAN_VLLM_REQUEST, []))
@@ -192,7 +187,7 @@ class _Request:
         unknown: list[Span] = []
         for span in engines:
             leg, basis = _engine_leg(span, self.trees)
-            if leg in (PREFILL, DECODE):
+            if leg in (ROLE.PREFILL, ROLE.DECODE):
                 span.role = leg  # the parent chain may know better than the span alone
                 if leg not in self.engine:
                     self.engine[leg] = span
@@ -201,13 +196,13 @@ class _Request:
             else:
                 unknown.append(span)
         unknown.sort(key=lambda s: (s.end_ns - s.start_ns, s.span_id))
-        if len(unknown) >= 2 and PREFILL not in self.engine:
+        if len(unknown) >= 2 and ROLE.PREFILL not in self.engine:
             span = unknown.pop(0)
-            span.role = PREFILL
-            self.engine[PREFILL] = span
-            self.engine_basis[PREFILL] = "shorter of two unlabelled llm_request spans"
+            span.role = ROLE.PREFILL
+            self.engine[ROLE.PREFILL] = span
+            self.engine_basis[ROLE.PREFILL] = "shorter of two unlabelled llm_request spans"
         for span in unknown:
-            for leg in (DECODE, PREFILL):
+            for leg in (ROLE.DECODE, ROLE.PREFILL):
                 if leg not in self.engine:
                     span.role = leg
                     self.engine[leg] = span
@@ -226,7 +221,7 @@ class _Request:
             found = _first(roots) or _first(candidates)
             if found is not None:
                 return found
-        for leg in (PREFILL, DECODE):
+        for leg in (ROLE.PREFILL, ROLE.DECODE):
             if leg in self.engine:
                 return self.engine[leg]
         return self.spans[0]
@@ -269,11 +264,11 @@ def _timing(req: _Request, kv: KVFacts | None, top: Span) -> tuple[_Timing, floa
         )
 
     # Prefill leg.
-    p_queue, p_queue_src = _engine_attr(req, PREFILL, semconv.VLLM_QUEUE)
+    p_queue, p_queue_src = _engine_attr(req, ROLE.PREFILL, semconv.VLLM_QUEUE)
     t.put(STAGE.PREFILL_QUEUE, p_queue, p_queue_src)
-    p_model, p_model_src = _engine_attr(req, PREFILL, semconv.VLLM_PREFILL)
+    p_model, p_model_src = _engine_attr(req, ROLE.PREFILL, semconv.VLLM_PREFILL)
     if p_model is None:
-        p_ttft, p_ttft_src = _engine_attr(req, PREFILL, semconv.VLLM_TTFT)
+        p_ttft, p_ttft_src = _engine_attr(req, ROLE.PREFILL, semconv.VLLM_TTFT)
         if p_ttft is not None:
             p_model = p_ttft - (p_queue or 0.0)
             p_model_src = p_ttft_src + (f" - {p_queue_src}" if p_queue is not None else "")
@@ -284,8 +279,8 @@ def _timing(req: _Request, kv: KVFacts | None, top: Span) -> tuple[_Timing, floa
         if p_model is None and req.sc_prefill:
             span = req.sc_prefill[0]
             p_model, p_model_src = span.duration_s, f"span:{_ref(span)}"
-        if p_model is None and PREFILL in req.engine:
-            span = req.engine[PREFILL]
+        if p_model is None and ROLE.PREFILL in req.engine:
+            span = req.engine[ROLE.PREFILL]
             p_model, p_model_src = span.duration_s, f"span:{_ref(span)}"
         if p_model is not None and p_queue is not None:
             p_model, p_model_src = p_model - p_queue, f"{p_model_src} - {p_queue_src}"
@@ -298,21 +293,21 @@ def _timing(req: _Request, kv: KVFacts | None, top: Span) -> tuple[_Timing, floa
 
     # Decode leg. vLLM holds a P/D request in its queue while it pulls the KV cache, so the
     # transfer is taken out of decode time_in_queue rather than counted twice.
-    d_queue, d_queue_src = _engine_attr(req, DECODE, semconv.VLLM_QUEUE)
+    d_queue, d_queue_src = _engine_attr(req, ROLE.DECODE, semconv.VLLM_QUEUE)
     d_raw_queue = d_queue
     if d_queue is not None and kv_s is not None:
         d_queue, d_queue_src = d_queue - kv_s, f"{d_queue_src} - span:{semconv.SPAN_KV_TRANSFER}@{kv.span_id}"  # type: ignore[union-attr]
     t.put(STAGE.DECODE_QUEUE, d_queue, d_queue_src)
-    d_model, d_model_src = _engine_attr(req, DECODE, semconv.VLLM_INFERENCE)
+    d_model, d_model_src = _engine_attr(req, ROLE.DECODE, semconv.VLLM_INFERENCE)
     if d_model is None:
-        first, first_src = _engine_attr(req, DECODE, semconv.VLLM_PREFILL)
-        rest, rest_src = _engine_attr(req, DECODE, semconv.VLLM_DECODE)
+        first, first_src = _engine_attr(req, ROLE.DECODE, semconv.VLLM_PREFILL)
+        rest, rest_src = _engine_attr(req, ROLE.DECODE, semconv.VLLM_DECODE)
         if first is not None and rest is not None:
             d_model, d_model_src = first + rest, f"{first_src} + {rest_src}"
     if d_model is None:
-        e2e, e2e_src = _engine_attr(req, DECODE, semconv.VLLM_E2E)
-        if e2e is None and DECODE in req.engine:
-            span = req.engine[DECODE]
+        e2e, e2e_src = _engine_attr(req, ROLE.DECODE, semconv.VLLM_E2E)
+        if e2e is None and ROLE.DECODE in req.engine:
+            span = req.engine[ROLE.DECODE]
             e2e, e2e_src = span.duration_s, f"span:{_ref(span)}"
         if e2e is None:
             e2e, e2e_src = _sidecar_ms(req, semconv.PD_DECODE_DURATION_MS, semconv.PD_DECODE_LEG_DURATION_MS)
@@ -348,13 +343,13 @@ def _bounded_offset(outer: Span, inner: Span) -> tuple[float, str]:
 def _ttft(req: _Request, t: _Timing) -> float | None:
     """Client-side time to first token: gateway to sidecar, sidecar to decode start (the
     sidecar's own `true_ttft_ms`), then the decode engine's own time to first token."""
-    d_ttft, d_ttft_src = _engine_attr(req, DECODE, semconv.VLLM_TTFT)
+    d_ttft, d_ttft_src = _engine_attr(req, ROLE.DECODE, semconv.VLLM_TTFT)
     if d_ttft is None:
         return None
     parts: list[str] = []
     total = 0.0
     sidecar = req.sidecar_top()
-    next_hop = sidecar or req.engine.get(PREFILL) or req.engine.get(DECODE)
+    next_hop = sidecar or req.engine.get(ROLE.PREFILL) or req.engine.get(ROLE.DECODE)
     gateway = _first(req.gateways)
     if gateway is not None and next_hop is not None:
         offset, note = _bounded_offset(gateway, next_hop)
@@ -375,9 +370,9 @@ def _ttft(req: _Request, t: _Timing) -> float | None:
         if true_ttft is not None:
             total += max(0.0, true_ttft)
             parts.append(src)
-    elif PREFILL in req.engine and DECODE in req.engine:
-        span = req.engine[PREFILL]
-        e2e, src = _engine_attr(req, PREFILL, semconv.VLLM_E2E)
+    elif ROLE.PREFILL in req.engine and ROLE.DECODE in req.engine:
+        span = req.engine[ROLE.PREFILL]
+        e2e, src = _engine_attr(req, ROLE.PREFILL, semconv.VLLM_E2E)
         if e2e is None:
             e2e, src = span.duration_s, f"span:{_ref(span)}"
         total += max(0.0, e2e)
@@ -552,13 +547,13 @@ def _client_target(req: _Request, leg: str) -> str | None:
 
 def _endpoint(req: _Request, leg: str, picks: list[RouterPick]) -> Endpoint:
     addresses: list[str | None] = []
-    if leg == PREFILL:
+    if leg == ROLE.PREFILL:
         addresses.append(_str(req.sidecar_attr(semconv.PD_PREFILL_TARGET)[0]))
     else:
         for span in req.sc_decode:
             addresses.append(_str(span.attributes.get(semconv.PD_DECODE_TARGET)))
     addresses.append(_client_target(req, leg))
-    if leg == PREFILL:
+    if leg == ROLE.PREFILL:
         for span in req.prepares:
             host = _str(span.attributes.get(semconv.EPP_PD_PREFILL_ADDRESS))
             port = span.attributes.get(semconv.EPP_PD_PREFILL_PORT)
@@ -587,7 +582,7 @@ def _endpoint(req: _Request, leg: str, picks: list[RouterPick]) -> Endpoint:
                 if pod:
                     endpoint.pod, endpoint.identity = pod, IDENTITY.EPP_PICK
                     break
-    if leg == DECODE:
+    if leg == ROLE.DECODE:
         # nixlv2: the sidecar runs in the decode pod, so its pod (when the collector named it)
         # and its sender address are the decode pod's.
         for span in req.sidecar_spans:
@@ -643,10 +638,10 @@ def coverage_of(req: _Request) -> dict[str, Any]:
     guide traces the decode engine only; the sidecar's tracing is off by default), not a
     broken trace."""
     hops = {
-        HOP.EPP: any(s.role in (GATEWAY, ROLE.SCHEDULING) for s in req.spans),
-        HOP.SIDECAR: bool(req.sidecar_spans) or any(s.role == PROXY for s in req.spans),
-        HOP.PREFILL_ENGINE: PREFILL in req.engine,
-        HOP.DECODE_ENGINE: DECODE in req.engine,
+        HOP.EPP: any(s.role in (ROLE.GATEWAY, ROLE.SCHEDULING) for s in req.spans),
+        HOP.SIDECAR: bool(req.sidecar_spans) or any(s.role == ROLE.PROXY for s in req.spans),
+        HOP.PREFILL_ENGINE: ROLE.PREFILL in req.engine,
+        HOP.DECODE_ENGINE: ROLE.DECODE in req.engine,
         HOP.KV_TRANSFER: bool(req.kv_spans),
     }
     seen = [hop for hop, present in hops.items() if present]
@@ -676,8 +671,8 @@ def _missing_hops(req: _Request) -> list[tuple[str, str | None]]:
     sidecar span although it carries the request's id."""
     missing: list[tuple[str, str | None]] = []
     engines = req.engine
-    if PREFILL in engines and DECODE not in engines and not _decode_leg_failed(req):
-        span = engines[PREFILL]
+    if ROLE.PREFILL in engines and ROLE.DECODE not in engines and not _decode_leg_failed(req):
+        span = engines[ROLE.PREFILL]
         missing.append(
             (
                 f"prefill leg {_ref(span)} has no decode vLLM {semconv.SPAN_VLLM_REQUEST} in any trace",
@@ -704,7 +699,7 @@ def _request_id(req: _Request) -> str | None:
     key = normalize_request_id(raw)
     if key:
         return key
-    ordered = [req.engine.get(DECODE), req.engine.get(PREFILL), *req.kv_spans, *req.spans]
+    ordered = [req.engine.get(ROLE.DECODE), req.engine.get(ROLE.PREFILL), *req.kv_spans, *req.spans]
     for span in ordered:
         if span is not None:
             keys = span_request_keys(span)
@@ -770,8 +765,8 @@ def build(spans: Sequence[Span], notes: JoinNotes | None = None) -> RequestFacts
         ttft_s=ttft_s,
         e2e_s=round(e2e_s, 6) if e2e_s is not None else None,
         breakdown_s=timing.stages,
-        prefill=_endpoint(req, PREFILL, picks),
-        decode=_endpoint(req, DECODE, picks),
+        prefill=_endpoint(req, ROLE.PREFILL, picks),
+        decode=_endpoint(req, ROLE.DECODE, picks),
         kv=kv,
         picks=picks,
         flags=flags,

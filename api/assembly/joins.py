@@ -33,15 +33,9 @@ from railtrace.normalize import engine_leg_hint
 from railtrace_tracing import semconv
 from railtrace_tracing.semconv import ROLE
 
-PREFILL, DECODE, PROXY, GATEWAY, SCHEDULING, KV = (
-    ROLE.PREFILL,
-    ROLE.DECODE,
-    ROLE.PROXY,
-    ROLE.GATEWAY,
-    ROLE.SCHEDULING,
-    ROLE.KV_TRANSFER,
+REQUEST_ROLES = frozenset(
+    {ROLE.GATEWAY, ROLE.SCHEDULING, ROLE.PROXY, ROLE.PREFILL, ROLE.DECODE, ROLE.KV_TRANSFER}
 )
-REQUEST_ROLES = frozenset({GATEWAY, SCHEDULING, PROXY, PREFILL, DECODE, KV})
 EPP_SLOT, SIDECAR_SLOT = "epp", "sidecar"
 VERIFIED, UNKNOWN, CONTRADICTED = 0, 1, 2
 MAX_NOTES = 16  # notes per kind kept on one request; the rest are counted
@@ -136,7 +130,10 @@ def _engine_leg(span: Span, index: dict[str, Span]) -> str | None:
     seen = {span.span_id}
     current = index.get(span.parent_span_id or "")
     while current is not None and current.span_id not in seen:
-        if current.canonical_name in (PREFILL, DECODE) and current.role in (PREFILL, DECODE):
+        if current.canonical_name in (ROLE.PREFILL, ROLE.DECODE) and current.role in (
+            ROLE.PREFILL,
+            ROLE.DECODE,
+        ):
             return current.role
         seen.add(current.span_id)
         current = index.get(current.parent_span_id or "")
@@ -153,12 +150,13 @@ class Unit:
         self.trace_id = self.spans[0].trace_id if self.spans else uid
         self.start_ns = min((s.start_ns for s in self.spans), default=0)
         index = {s.span_id: s for s in self.spans}
-        self.epp = [s for s in self.spans if s.role in (GATEWAY, SCHEDULING)]
-        self.gateway = any(s.role == GATEWAY for s in self.spans)
+        self.epp = [s for s in self.spans if s.role in (ROLE.GATEWAY, ROLE.SCHEDULING)]
+        self.gateway = any(s.role == ROLE.GATEWAY for s in self.spans)
         self.sidecar = [
             s
             for s in self.spans
-            if s.role == PROXY or (s.canonical_name in (PREFILL, DECODE) and s.role in (PREFILL, DECODE))
+            if s.role == ROLE.PROXY
+            or (s.canonical_name in (ROLE.PREFILL, ROLE.DECODE) and s.role in (ROLE.PREFILL, ROLE.DECODE))
         ]
         self.engines: dict[str, Span] = {}
         self.unlabelled: list[Span] = []  # legs assembly decides later (shorter one is prefill)
@@ -169,7 +167,7 @@ class Unit:
                     self.unlabelled.append(s)
                 else:
                     self.engines.setdefault(leg, s)
-        self.kv = [s for s in self.spans if s.role == KV]
+        self.kv = [s for s in self.spans if s.role == ROLE.KV_TRANSFER]
         self.request = any(s.role in REQUEST_ROLES for s in self.spans)
         self.whole = self.gateway and bool(self.sidecar or self.engines or self.unlabelled)
         slots = []
@@ -221,7 +219,7 @@ class _Merged:
         """No hop the unit brings is here already, and its unlabelled engines have a leg free."""
         if self.slots & set(unit.slots):
             return False
-        legs = {PREFILL, DECODE} - self.slots - set(unit.slots)
+        legs = {ROLE.PREFILL, ROLE.DECODE} - self.slots - set(unit.slots)
         return len(unit.unlabelled) + self.unlabelled <= len(legs)
 
     def engine(self, leg: str) -> Span | None:
@@ -250,7 +248,7 @@ class _Merged:
         engine = self.engine(leg)
         if engine is not None and identity(engine):
             found.append(identity(engine))
-        if leg == DECODE:  # the sidecar runs in the decode pod
+        if leg == ROLE.DECODE:  # the sidecar runs in the decode pod
             found += sorted(self.sidecar_ids() - set(found), key=Identity.describe)
         return found
 
@@ -273,7 +271,8 @@ def _check(unit: Unit, merged: _Merged) -> tuple[int, str]:
     for engine in unit.unlabelled:  # either leg: it must agree with one of them
         mine_id = identity(engine)
         per_leg = [
-            _fold(agree(mine_id, ref) for ref in merged.leg_identities(leg)) for leg in (PREFILL, DECODE)
+            _fold(agree(mine_id, ref) for ref in merged.leg_identities(leg))
+            for leg in (ROLE.PREFILL, ROLE.DECODE)
         ]
         results.append(True if VERIFIED in per_leg else None if UNKNOWN in per_leg else False)
         basis.append(f"unlabelled engine {mine_id.describe()}")
@@ -282,7 +281,7 @@ def _check(unit: Unit, merged: _Merged) -> tuple[int, str]:
         for ref in merged.leg_identities(leg):
             results.append(agree(mine_id, ref))
             basis.append(f"{leg} engine {mine_id.describe()} vs {ref.describe()}")
-        if leg == PREFILL and mine_id.ips:
+        if leg == ROLE.PREFILL and mine_id.ips:
             hosts = merged.prefill_hosts() | merged.epp_prefill_hosts()
             if hosts:
                 results.append(bool({ip.lower() for ip in mine_id.ips} & hosts))
@@ -294,7 +293,7 @@ def _kv_leg(span: Span) -> str:
     """The engine that runs a transfer: the decode engine pulls (`read`), the prefill engine
     pushes (`write`)."""
     op = span.attributes.get(semconv.KV_OPERATION)
-    return PREFILL if isinstance(op, str) and op.lower() == "write" else DECODE
+    return ROLE.PREFILL if isinstance(op, str) and op.lower() == "write" else ROLE.DECODE
 
 
 def kv_status(span: Span, merged: _Merged) -> int:
@@ -442,7 +441,7 @@ def _core_trace(merged: _Merged) -> str:
 
 def filter_single(spans: list[Span]) -> tuple[list[Span], JoinNotes]:
     """The KV rule for a request that came in one trace."""
-    if not any(s.role == KV for s in spans):
+    if not any(s.role == ROLE.KV_TRANSFER for s in spans):
         return spans, JoinNotes()
     merged = _Merged(Unit("", spans))
     notes = JoinNotes()

@@ -13,11 +13,7 @@ from railtrace.model import Span
 from railtrace.normalize import table
 from railtrace.normalize.table import Rule, lookup
 from railtrace_tracing import semconv
-from railtrace_tracing.semconv import ROLE, Role
-
-# The plain role strings set on every span (`semconv.ROLE`), by the table's `Role` members.
-_ROLE = {role: role.value for role in Role}
-_PREFILL, _DECODE, _PROXY, _OTHER = ROLE.PREFILL, ROLE.DECODE, ROLE.PROXY, ROLE.OTHER
+from railtrace_tracing.semconv import ROLE
 
 __all__ = [
     "engine_leg_hint",
@@ -114,21 +110,21 @@ def engine_leg_hint(span: Span) -> tuple[str | None, str]:
     """
     attrs = span.attributes if isinstance(span.attributes, dict) else {}
     role = attrs.get(semconv.LLM_D_ROLE)
-    if role in (_PREFILL, _DECODE):
+    if role in (ROLE.PREFILL, ROLE.DECODE):
         return str(role), semconv.LLM_D_ROLE
     service = span.service_name.lower() if isinstance(span.service_name, str) else ""
     if table.VLLM_PREFILL_SERVICE_HINT in service:
-        return _PREFILL, "service.name"
+        return ROLE.PREFILL, "service.name"
     if table.VLLM_DECODE_SERVICE_HINT in service:
-        return _DECODE, "service.name"
+        return ROLE.DECODE, "service.name"
     out = _int(attrs.get(semconv.VLLM_COMPLETION_TOKENS))
     if out is None:
         out = _int(attrs.get(semconv.GEN_AI_OUTPUT_TOKENS))
     max_tokens = _int(attrs.get(semconv.GEN_AI_MAX_TOKENS))
     if max_tokens == 1 and out in (1, None):
-        return _PREFILL, "gen_ai.request.max_tokens=1"
+        return ROLE.PREFILL, "gen_ai.request.max_tokens=1"
     if out is not None and out > 1:
-        return _DECODE, "gen_ai.usage.completion_tokens>1"
+        return ROLE.DECODE, "gen_ai.usage.completion_tokens>1"
     return None, ""
 
 
@@ -201,26 +197,26 @@ def normalize_span(span: Span) -> Span:
         if rule is None:
             span.canonical_name = name
             if name in table.HTTP_CLIENT_NAMES and _is_sidecar(span):
-                span.role = _PROXY
+                span.role = ROLE.PROXY
                 span.generation = table.CURRENT
             else:
-                span.role = _OTHER
-                span.generation = table.UNKNOWN
+                span.role = ROLE.OTHER
+                span.generation = table.NO_GENERATION
         else:
             span.canonical_name = rule.canonical or name
-            span.role = _ROLE[rule.role]
+            span.role = rule.role
             span.generation = _generation(span, rule)
             if name == semconv.SPAN_VLLM_REQUEST:
                 leg, _ = engine_leg_hint(span)
-                span.role = leg or _DECODE
-            elif rule.role is Role.GATEWAY and _is_bbr(span):
-                span.role = _OTHER  # the body-based router's span, not the EPP's
+                span.role = leg or ROLE.DECODE
+            elif rule.role == ROLE.GATEWAY and _is_bbr(span):
+                span.role = ROLE.OTHER  # the body-based router's span, not the EPP's
                 span.generation = table.GIE
         keys = span_request_keys(span)
         span.request_key = keys[0] if keys else None
     except Exception:  # odd input must never stop ingest
-        span.role = _OTHER
+        span.role = ROLE.OTHER
         span.canonical_name = span.name if isinstance(span.name, str) else ""
-        span.generation = table.UNKNOWN
+        span.generation = table.NO_GENERATION
         span.request_key = None
     return span

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 from railtrace_tracing import semconv
-from railtrace_tracing.semconv import Role
+from railtrace_tracing.semconv import ROLE
 
 # Generation labels (docs/interfaces.md).
 CURRENT = "current"
@@ -25,7 +25,9 @@ V0_8 = "v0.8"
 GIE = "gie"
 VLLM = "vllm"
 RAILTRACE = "railtrace"
-UNKNOWN = ""
+# No generation can be told (an unlisted name, or a service name shared by releases): left
+# empty, as stored, so it is never mistaken for a generation called "unknown".
+NO_GENERATION = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +36,7 @@ class Rule:
 
     pattern: str
     canonical: str | None  # None keeps the received name (e.g. `llm_d.epp.scorer.<type>`)
-    role: Role
+    role: str  # a `semconv.ROLE` value, as set on the span
     generation: str
     component: str  # epp | kv_indexer | sidecar | vllm | railtrace
     note: str = ""
@@ -46,33 +48,33 @@ class Rule:
 # that used it. Service and scope hints below move a span to `v0.8` or `gie`.
 RULES: tuple[Rule, ...] = (
     # -- EPP / router, current (HEAD) and v0.9/v0.10 --------------------------------------
-    Rule("gateway.request", None, Role.GATEWAY, CURRENT, "epp", "EPP server span; GIE and <= v0.8 too"),
-    Rule("gateway.request_orchestration", None, Role.SCHEDULING, CURRENT, "epp", "director"),
-    Rule("run_scheduler_profile", None, Role.SCHEDULING, CURRENT, "epp", "one profile (prefill/decode)"),
-    Rule("filter_endpoints", None, Role.SCHEDULING, CURRENT, "epp"),
-    Rule("llm_d.epp.scoring", None, Role.SCHEDULING, CURRENT, "epp", "scoring subtree, PR #1834"),
-    Rule("pick_endpoints", None, Role.SCHEDULING, CURRENT, "epp", "picker; router shim adds candidates"),
-    Rule("pick_disagg_profile", None, Role.SCHEDULING, CURRENT, "epp", "P/D decision"),
-    Rule("pick_pd_profile", None, Role.SCHEDULING, CURRENT, "epp", "deprecated pd-profile-handler"),
-    Rule("prepare_disaggregation", None, Role.SCHEDULING, CURRENT, "epp", "carries prefill pod address"),
-    Rule("score_prefix_cache", None, Role.SCHEDULING, CURRENT, "epp", "prefix scorer"),
-    Rule("produce_precise_prefix_cache", None, Role.SCHEDULING, CURRENT, "epp"),
+    Rule("gateway.request", None, ROLE.GATEWAY, CURRENT, "epp", "EPP server span; GIE and <= v0.8 too"),
+    Rule("gateway.request_orchestration", None, ROLE.SCHEDULING, CURRENT, "epp", "director"),
+    Rule("run_scheduler_profile", None, ROLE.SCHEDULING, CURRENT, "epp", "one profile (prefill/decode)"),
+    Rule("filter_endpoints", None, ROLE.SCHEDULING, CURRENT, "epp"),
+    Rule("llm_d.epp.scoring", None, ROLE.SCHEDULING, CURRENT, "epp", "scoring subtree, PR #1834"),
+    Rule("pick_endpoints", None, ROLE.SCHEDULING, CURRENT, "epp", "picker; router shim adds candidates"),
+    Rule("pick_disagg_profile", None, ROLE.SCHEDULING, CURRENT, "epp", "P/D decision"),
+    Rule("pick_pd_profile", None, ROLE.SCHEDULING, CURRENT, "epp", "deprecated pd-profile-handler"),
+    Rule("prepare_disaggregation", None, ROLE.SCHEDULING, CURRENT, "epp", "carries prefill pod address"),
+    Rule("score_prefix_cache", None, ROLE.SCHEDULING, CURRENT, "epp", "prefix scorer"),
+    Rule("produce_precise_prefix_cache", None, ROLE.SCHEDULING, CURRENT, "epp"),
     # -- EPP / router, <= v0.8.0 -----------------------------------------------------------
-    Rule("llm_d.epp.pd.profile_handler.pick", "pick_pd_profile", Role.SCHEDULING, V0_8, "epp"),
-    Rule("llm_d.epp.disagg.profile_handler.pick", "pick_disagg_profile", Role.SCHEDULING, V0_8, "epp"),
-    Rule("llm_d.epp.prerequest.disaggregation", "prepare_disaggregation", Role.SCHEDULING, V0_8, "epp"),
-    Rule("llm_d.epp.prerequest.pd_disaggregation", "prepare_disaggregation", Role.SCHEDULING, V0_8, "epp"),
-    Rule("llm_d.epp.scorer.prefix_cache", "score_prefix_cache", Role.SCHEDULING, V0_8, "epp"),
+    Rule("llm_d.epp.pd.profile_handler.pick", "pick_pd_profile", ROLE.SCHEDULING, V0_8, "epp"),
+    Rule("llm_d.epp.disagg.profile_handler.pick", "pick_disagg_profile", ROLE.SCHEDULING, V0_8, "epp"),
+    Rule("llm_d.epp.prerequest.disaggregation", "prepare_disaggregation", ROLE.SCHEDULING, V0_8, "epp"),
+    Rule("llm_d.epp.prerequest.pd_disaggregation", "prepare_disaggregation", ROLE.SCHEDULING, V0_8, "epp"),
+    Rule("llm_d.epp.scorer.prefix_cache", "score_prefix_cache", ROLE.SCHEDULING, V0_8, "epp"),
     # -- KV-cache indexer (inside the EPP process) -----------------------------------------
-    Rule("score_tokens", None, Role.KV_CACHE, CURRENT, "kv_indexer"),
-    Rule("index_lookup", None, Role.KV_CACHE, CURRENT, "kv_indexer"),
-    Rule("index_add", None, Role.KV_CACHE, CURRENT, "kv_indexer"),
-    Rule("index_evict", None, Role.KV_CACHE, CURRENT, "kv_indexer", "own single-span trace, never a request"),
-    Rule("compute_scores", None, Role.KV_CACHE, CURRENT, "kv_indexer"),
+    Rule("score_tokens", None, ROLE.KV_CACHE, CURRENT, "kv_indexer"),
+    Rule("index_lookup", None, ROLE.KV_CACHE, CURRENT, "kv_indexer"),
+    Rule("index_add", None, ROLE.KV_CACHE, CURRENT, "kv_indexer"),
+    Rule("index_evict", None, ROLE.KV_CACHE, CURRENT, "kv_indexer", "own single-span trace, never a request"),
+    Rule("compute_scores", None, ROLE.KV_CACHE, CURRENT, "kv_indexer"),
     Rule(
         "llm_d.kv_cache.score_tokens",
         "score_tokens",
-        Role.KV_CACHE,
+        ROLE.KV_CACHE,
         V0_10,
         "kv_indexer",
         "v0.10 in-tree; v0.8/v0.9 through llm-d-kv-cache",
@@ -80,26 +82,26 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "llm_d.kv_cache.get_scores",
         "score_tokens",
-        Role.KV_CACHE,
+        ROLE.KV_CACHE,
         V0_8,
         "kv_indexer",
         "llm-d-kv-cache <= v0.6.1 (router <= v0.6)",
     ),
-    Rule("llm_d.kv_cache.index", "index_lookup", Role.KV_CACHE, V0_10, "kv_indexer", "also <= v0.9"),
-    Rule("llm_d.kv_cache.index.add", "index_add", Role.KV_CACHE, V0_10, "kv_indexer"),
-    Rule("llm_d.kv_cache.index.evict", "index_evict", Role.KV_CACHE, V0_10, "kv_indexer"),
+    Rule("llm_d.kv_cache.index", "index_lookup", ROLE.KV_CACHE, V0_10, "kv_indexer", "also <= v0.9"),
+    Rule("llm_d.kv_cache.index.add", "index_add", ROLE.KV_CACHE, V0_10, "kv_indexer"),
+    Rule("llm_d.kv_cache.index.evict", "index_evict", ROLE.KV_CACHE, V0_10, "kv_indexer"),
     Rule(
-        "llm_d.kv_cache.scorer.compute", "compute_scores", Role.KV_CACHE, V0_10, "kv_indexer", "also <= v0.9"
+        "llm_d.kv_cache.scorer.compute", "compute_scores", ROLE.KV_CACHE, V0_10, "kv_indexer", "also <= v0.9"
     ),
     # -- P/D sidecar -------------------------------------------------------------------------
-    Rule("forward_request", None, Role.PROXY, CURRENT, "sidecar", "sidecar root since v0.9"),
-    Rule("llm_d.pd_proxy.request", "forward_request", Role.PROXY, V0_8, "sidecar", "sidecar root <= v0.8"),
-    Rule("prefill", None, Role.PREFILL, CURRENT, "sidecar", "nixlv2 serial path and sglang"),
-    Rule("decode", None, Role.DECODE, CURRENT, "sidecar", "nixlv2: child of `prefill`; sglang"),
+    Rule("forward_request", None, ROLE.PROXY, CURRENT, "sidecar", "sidecar root since v0.9"),
+    Rule("llm_d.pd_proxy.request", "forward_request", ROLE.PROXY, V0_8, "sidecar", "sidecar root <= v0.8"),
+    Rule("prefill", None, ROLE.PREFILL, CURRENT, "sidecar", "nixlv2 serial path and sglang"),
+    Rule("decode", None, ROLE.DECODE, CURRENT, "sidecar", "nixlv2: child of `prefill`; sglang"),
     Rule(
         "llm_d.pd_proxy.prefill",
         "prefill",
-        Role.PREFILL,
+        ROLE.PREFILL,
         CURRENT,
         "sidecar",
         "p2p, mooncake, nixlv2 parallel dispatch; nixlv2 <= v0.8",
@@ -107,21 +109,21 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "llm_d.pd_proxy.decode",
         "decode",
-        Role.DECODE,
+        ROLE.DECODE,
         CURRENT,
         "sidecar",
         "p2p, mooncake, nixlv2 parallel dispatch; nixlv2 <= v0.8",
     ),
-    Rule("chunked_decode", None, Role.DECODE, CURRENT, "sidecar", "chunked decode under the decode leg"),
+    Rule("chunked_decode", None, ROLE.DECODE, CURRENT, "sidecar", "chunked decode under the decode leg"),
     # -- vLLM --------------------------------------------------------------------------------
-    Rule(semconv.SPAN_VLLM_REQUEST, None, Role.DECODE, VLLM, "vllm", "leg decided per span, see below"),
+    Rule(semconv.SPAN_VLLM_REQUEST, None, ROLE.DECODE, VLLM, "vllm", "leg decided per span, see below"),
     # -- railtrace shims ----------------------------------------------------------------------
-    Rule(semconv.SPAN_KV_TRANSFER, None, Role.KV_TRANSFER, RAILTRACE, "railtrace", "KV-transfer shim"),
+    Rule(semconv.SPAN_KV_TRANSFER, None, ROLE.KV_TRANSFER, RAILTRACE, "railtrace", "KV-transfer shim"),
     # -- Patterns ------------------------------------------------------------------------------
     Rule(
         r"llm_d\.epp\.scorer\.[A-Za-z0-9]+(?:-[A-Za-z0-9]+)+",
         None,
-        Role.SCHEDULING,
+        ROLE.SCHEDULING,
         CURRENT,
         "epp",
         "`llm_d.epp.scorer.<type>`, e.g. active-request-scorer",
@@ -130,13 +132,13 @@ RULES: tuple[Rule, ...] = (
     Rule(
         r"llm_d\.pd_proxy\.(?:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS) /.*",
         None,
-        Role.PROXY,
+        ROLE.PROXY,
         CURRENT,
         "sidecar",
         "otelhttp server span `llm_d.pd_proxy.<METHOD> <path>`",
         regex=True,
     ),
-    Rule(r"tokenize_render .*", None, Role.SCHEDULING, CURRENT, "epp", "EPP calls vLLM render", regex=True),
+    Rule(r"tokenize_render .*", None, ROLE.SCHEDULING, CURRENT, "epp", "EPP calls vLLM render", regex=True),
 )
 
 EXACT: dict[str, Rule] = {r.pattern: r for r in RULES if not r.regex}
@@ -147,9 +149,9 @@ PATTERNS: tuple[tuple[re.Pattern[str], Rule], ...] = tuple(
 # `service.name` values by role and generation (reference §2.1). A llm-d span from a
 # service named here is moved to that generation when its name alone cannot tell.
 EPP_SERVICES: dict[str, str] = {
-    "llm-d-router/epp": UNKNOWN,
-    "llm-d-epp": UNKNOWN,
-    "llm-d-router": UNKNOWN,
+    "llm-d-router/epp": NO_GENERATION,
+    "llm-d-epp": NO_GENERATION,
+    "llm-d-router": NO_GENERATION,
     "llm-d-inference-scheduler": V0_8,
     "gateway-api-inference-extension/epp": GIE,
 }
