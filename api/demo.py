@@ -458,7 +458,7 @@ def build_report(
     by_flags: dict[frozenset[str], dict[str, Any]] = {}
     for s_ in sorted(
         (s for s in summaries.values() if s.get("flags")),
-        key=lambda s: (-(s.get("ttft_s") if s.get("ttft_s") is not None else 1e9), s.get("trace_id", "")),
+        key=lambda s: (-_or(s.get("ttft_s"), 1e9), s.get("trace_id", "")),
     ):
         by_flags.setdefault(frozenset(f["name"] for f in s_["flags"]), s_)
     worst = list(by_flags.values())[:WORST]
@@ -575,3 +575,7 @@ def format_report(rep: dict[str, Any]) -> str:
         ]
     out += ["", f"UI {rep['ui']}   ({rep['elapsed_s']}s)"]
     return "\n".join(out)
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value

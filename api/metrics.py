@@ -465,10 +465,10 @@ class Metrics:
                 series, bounds = stage.series, stage.bounds
                 for name, seconds in breakdown.items():
                     if name not in old_stages and isinstance(seconds, _NUMBER) and seconds >= 0:
-                        key = (_label(name), path_class)
-                        s = series.get(key)
+                        stage_key = (_label(name), path_class)
+                        s = series.get(stage_key)
                         if s is None:
-                            s = series[key] = stage._new()
+                            s = series[stage_key] = stage._new()
                         s[2] += seconds
                         i = bisect_left(bounds, seconds)
                         s[0][i] += 1

@@ -187,7 +187,7 @@ class _Request:
         unknown: list[Span] = []
         for span in engines:
             leg, basis = _engine_leg(span, self.trees)
-            if leg in (ROLE.PREFILL, ROLE.DECODE):
+            if leg is not None and leg in (ROLE.PREFILL, ROLE.DECODE):
                 span.role = leg  # the parent chain may know better than the span alone
                 if leg not in self.engine:
                     self.engine[leg] = span
@@ -400,7 +400,7 @@ def _kv_facts(req: _Request) -> KVFacts | None:
     for span in spans:
         value = _str(span.attributes.get(semconv.KV_TRANSPORT))
         value = value.lower() if value else None
-        if value in TRANSPORTS and value not in transports:
+        if value is not None and value in TRANSPORTS and value not in transports:
             transports.append(value)
     known = [t for t in transports if t != UNKNOWN_TRANSPORT]
     transport = TCP if TCP in known else (known[0] if known else UNKNOWN_TRANSPORT)

@@ -348,7 +348,7 @@ def admit(units: dict[str, list[Span]]) -> list[tuple[list[Span], JoinNotes]]:
     # same standing are contradicting candidates: neither joins.
     placed: list[tuple[Unit, int, int, str]] = []  # unit, request index, status, basis
     for unit in (u for u in fragments if u.fills):
-        fits = []
+        fits: list[tuple[int, int, str]] = []  # (status, request index, basis)
         for i, m in enumerate(merged):
             if not m.room(unit):
                 continue
@@ -394,12 +394,12 @@ def admit(units: dict[str, list[Span]]) -> list[tuple[list[Span], JoinNotes]]:
     # KV-transfer spans, wherever they came (their own trace, or inside another).
     kv_units = [u for u in fragments if not u.fills]
     for unit in kv_units:
-        fits = [i for i, m in enumerate(merged) if _check_kv_unit(unit, m) != CONTRADICTED]
-        if len(fits) == 1:
-            merged[fits[0]].add(unit)
+        kv_fits = [i for i, m in enumerate(merged) if _check_kv_unit(unit, m) != CONTRADICTED]
+        if len(kv_fits) == 1:
+            merged[kv_fits[0]].add(unit)
         else:
-            why = f"it fits {len(fits)} requests that share its id"
-            if not fits:
+            why = f"it fits {len(kv_fits)} requests that share its id"
+            if not kv_fits:
                 why = "its sender is not the engine: " + "; ".join(
                     kv_basis(s, m) for m in merged for s in unit.kv[:1]
                 )

@@ -240,7 +240,7 @@ def _expected_flags(r: SimRequest, sc: Scenario, nvlink_scope: str) -> set[str]:
     # Slow by the same yardstick the verdicts use: contention and far paths can get there.
     expected = EXPECTED_BANDWIDTH.get(r.path_class)
     duration = r.kv_end - r.kv_start
-    judged = r.kv_ran and not r.failed and expected and r.kv_bytes >= SLOW_MIN_BYTES and duration > 0
-    if judged and r.kv_bytes / duration < SLOW_FRACTION * expected:
+    judged = r.kv_ran and not r.failed and r.kv_bytes >= SLOW_MIN_BYTES and duration > 0
+    if judged and expected and r.kv_bytes / duration < SLOW_FRACTION * expected:
         flags.add(FlagName.SLOW_KV_TRANSFER)
     return flags

@@ -22,7 +22,7 @@ TOPOLOGY_SCORER = "topology-affinity-scorer"
 PREFILL_WEIGHTS = {PREFIX_SCORER: 2.0, TOKEN_LOAD_SCORER: 1.0}
 DECODE_WEIGHTS = {ACTIVE_SCORER: 1.0}
 TOPOLOGY_WEIGHT = 0.5
-TOPOLOGY_SCORE = {
+TOPOLOGY_SCORE: dict[str, float] = {
     TopologyLevel.SAME_HOST: 1.0,
     TopologyLevel.NVLINK_DOMAIN: 1.0,
     TopologyLevel.SUBBLOCK: 1.0,

@@ -49,11 +49,15 @@ class VerdictConfig:
     @classmethod
     def from_settings(cls, settings: Any, **overrides: Any) -> VerdictConfig:
         kw: dict[str, Any] = {
-            "score_tolerance": getattr(settings, "score_tolerance", cls.score_tolerance),
-            "slow_fraction": getattr(settings, "slow_fraction", cls.slow_fraction),
+            "score_tolerance": getattr(settings, "score_tolerance", _DEFAULTS.score_tolerance),
+            "slow_fraction": getattr(settings, "slow_fraction", _DEFAULTS.slow_fraction),
         }
         kw.update(overrides)
         return cls(**kw)
 
     def tolerance_for(self, chosen_score: float) -> float:
         return self.score_tolerance * max(1.0, abs(chosen_score))
+
+
+# The defaults, read by `from_settings` (a slotted dataclass has no class attributes to read).
+_DEFAULTS = VerdictConfig()

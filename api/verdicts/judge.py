@@ -415,12 +415,10 @@ def _slow(ctx: _Ctx, path_class: str, transport: str) -> None:
     expected = cfg.expected_bandwidth.get(path_class)
     basis = path_class
     if expected is None and path_class == PATH_CLASS.UNKNOWN and transport == TRANSPORT.RDMA:
-        vals = [
-            cfg.expected_bandwidth.get(p) for p in (PATH_CLASS.RDMA_SAME_RAIL, PATH_CLASS.RDMA_CROSS_RAIL)
-        ]
-        vals = [v for v in vals if v]
-        if vals:
-            expected, basis = min(vals), "rdma (rail unknown)"
+        rdma = (PATH_CLASS.RDMA_SAME_RAIL, PATH_CLASS.RDMA_CROSS_RAIL)
+        known = [v for v in (cfg.expected_bandwidth.get(p) for p in rdma) if v]
+        if known:
+            expected, basis = min(known), "rdma (rail unknown)"
     if not expected:
         return
     bw = kv.bytes / kv.duration_s

@@ -338,3 +338,10 @@ def test_slow_with_unknown_rails_uses_the_lower_rdma_figure(fleet: Topology) -> 
     f = facts(decode="10.0.0.6:8000", kvf=kv(pod="decode-x", node="node-norail", duration_s=0.2))
     ev = flag(judge(f, fleet), "slow_kv_transfer").evidence
     assert "expected for rdma (rail unknown)" in ev and "5.13 GB/s" in ev
+
+
+def test_config_from_settings_without_verdict_fields_takes_the_defaults() -> None:
+    """A settings object that lacks a verdict field gives that field's default value (a slotted
+    dataclass has no class attribute to read it from: that once gave a slot descriptor)."""
+    cfg = VerdictConfig.from_settings(object())
+    assert (cfg.score_tolerance, cfg.slow_fraction) == (0.05, 0.25)
