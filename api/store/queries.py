@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import orjson
@@ -18,34 +19,58 @@ class StoreError(ValueError):
     """A query the store cannot serve as asked (bad cursor, bad bounds); maps to HTTP 400."""
 
 
+class RequestOrder(StrEnum):
+    """The orders of the request list, each walked by keyset on (its key, trace id), descending:
+    `start` newest first; `ttft` and `kv_time` slowest first, over requests that have the value
+    (a request without a first token or without a KV transfer has no time to rank by)."""
+
+    START = "start"
+    TTFT = "ttft"
+    KV_TIME = "kv_time"
+
+
+CURSOR_REFUSED = "cursor is not one this service issued"
+
+
+def _is_int64(value: object) -> bool:
+    # JSON true/false decode as int subclasses; the column is a signed 64-bit integer.
+    return isinstance(value, int) and not isinstance(value, bool) and INT64_MIN <= value <= INT64_MAX
+
+
 @dataclass(slots=True, frozen=True)
 class Cursor:
-    """Position after the last item of a page: newest-first order on (start_ns, trace_id)."""
+    """Position after the last item of a page: the order's key (start_ns, or seconds of TTFT or
+    KV time) and trace id of that item. A `start` cursor encodes as it did before orders
+    existed, so cursors issued then still page on."""
 
-    start_ns: int
+    value: int | float
     trace_id: str
+    order: RequestOrder = RequestOrder.START
 
     def encode(self) -> str:
-        raw = orjson.dumps([self.start_ns, self.trace_id])
+        key = [self.value, self.trace_id]
+        raw = orjson.dumps(key if self.order is RequestOrder.START else [self.order.value, *key])
         return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
 
     @classmethod
     def decode(cls, token: str) -> Cursor:
         try:
             raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-            start_ns, trace_id = orjson.loads(raw)
+            fields = orjson.loads(raw)
+            if len(fields) == 2:
+                order, (value, trace_id) = RequestOrder.START, fields
+            else:
+                name, value, trace_id = fields
+                order = RequestOrder(name)
         except (binascii.Error, ValueError, TypeError, orjson.JSONDecodeError):
-            raise StoreError("cursor is not one this service issued") from None
-        if (
-            not isinstance(start_ns, int)
-            or isinstance(start_ns, bool)  # JSON true/false decode as int subclasses
-            or not INT64_MIN <= start_ns <= INT64_MAX  # the column is a signed 64-bit integer
-            or not isinstance(trace_id, str)
-            or len(trace_id) > 64
-            or "\x00" in trace_id
-        ):
-            raise StoreError("cursor is not one this service issued")
-        return cls(start_ns, trace_id)
+            raise StoreError(CURSOR_REFUSED) from None
+        if order is RequestOrder.START:
+            valid_value = _is_int64(value)
+        else:  # a duration in seconds; JSON holds no NaN or infinity
+            valid_value = _is_int64(value) or isinstance(value, float)
+        if not valid_value or not isinstance(trace_id, str) or len(trace_id) > 64 or "\x00" in trace_id:
+            raise StoreError(CURSOR_REFUSED)
+        return cls(value if order is RequestOrder.START else float(value), trace_id, order)
 
 
 @dataclass(slots=True)
@@ -61,8 +86,13 @@ class RequestQuery:
     model: str | None = None
     limit: int = DEFAULT_LIMIT
     cursor: Cursor | None = None
+    order: RequestOrder = RequestOrder.START
 
     def __post_init__(self) -> None:
+        if self.cursor is not None and self.cursor.order is not self.order:
+            raise StoreError(
+                f"cursor belongs to order={self.cursor.order.value}, not order={self.order.value}"
+            )
         if not 1 <= self.limit <= MAX_LIMIT:
             raise StoreError(f"limit must be between 1 and {MAX_LIMIT}")
         if self.since_ns is not None and self.until_ns is not None and self.until_ns < self.since_ns:

@@ -128,16 +128,42 @@ requests = Table(
 Index("ix_requests_start", requests.c.start_ns, requests.c.trace_id)
 Index("ix_requests_request_id", requests.c.request_id)
 Index("ix_requests_path_class", requests.c.path_class, requests.c.start_ns)
+# The list slowest first (`?order=ttft|kv_time`, migration 0010), alone and by path class: only
+# requests that have the value are in these indexes, and the list's query names the predicate
+# as written (SQLite uses a partial index only then).
+for _name, _key in (("ttft", requests.c.ttft_s), ("kv_time", requests.c.kv_duration_s)):
+    _has = _key.is_not(None)
+    Index(f"ix_requests_{_name}", _key, requests.c.trace_id, postgresql_where=_has, sqlite_where=_has)
+    Index(
+        f"ix_requests_path_class_{_name}",
+        requests.c.path_class,
+        _key,
+        requests.c.trace_id,
+        postgresql_where=_has,
+        sqlite_where=_has,
+    )
 
-# One row per (flag, request): the filtered list `?flag=` walks this index in start order.
+# One row per (flag, request): the filtered list `?flag=` walks its primary key in start order.
 request_flags = Table(
     "request_flags",
     metadata,
     Column("flag", String(64), primary_key=True),
     Column("start_ns", BigInteger, primary_key=True),
     Column("trace_id", String(32), primary_key=True),
+    # The request's sort keys, so that `?flag=&order=ttft|kv_time` walks one index too.
+    Column("ttft_s", Float),
+    Column("kv_duration_s", Float),
 )
 Index("ix_request_flags_trace", request_flags.c.trace_id)
+for _name, _key in (("ttft", request_flags.c.ttft_s), ("kv_time", request_flags.c.kv_duration_s)):
+    Index(
+        f"ix_request_flags_{_name}",
+        request_flags.c.flag,
+        _key,
+        request_flags.c.trace_id,
+        postgresql_where=_key.is_not(None),
+        sqlite_where=_key.is_not(None),
+    )
 
 # Per-hour rollup of `requests` and `request_flags`, kept in the transactions that write them
 # (see `rollup.py`), so a day's stats read ~24 rows per group instead of every request of the

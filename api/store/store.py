@@ -33,18 +33,19 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    tuple_,
     union,
     union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Dialect
-from sqlalchemy.sql import Executable
+from sqlalchemy.sql import Executable, Select
 
 from railtrace.model import RequestSummary, Span, resolution_label
 from railtrace.normalize import normalize_span, request_id_forms
 from railtrace.store.engine import SqliteWal, SqliteWriters, checkpoint_sqlite_wal, is_sqlite
-from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
+from railtrace.store.queries import Cursor, Page, RequestOrder, RequestQuery, StoreError
 from railtrace.store.rollup import DIMENSIONS, REQUEST_COLUMNS, RollupDelta, hour_of
 from railtrace.store.rollup import read as rollup_read
 from railtrace.store.rows import RowBatch, chunk_records
@@ -679,40 +680,13 @@ class Store:
     # -- queries -------------------------------------------------------------------------------
 
     def list_requests(self, q: RequestQuery) -> Page:
-        r = requests
-        if q.flag:
-            f = request_flags
-            stmt = select(r.c.summary, f.c.start_ns, f.c.trace_id).join(f, f.c.trace_id == r.c.trace_id)
-            stmt = stmt.where(f.c.flag == q.flag)
-            start_col, tid_col = f.c.start_ns, f.c.trace_id
-        else:
-            stmt = select(r.c.summary, r.c.start_ns, r.c.trace_id)
-            start_col, tid_col = r.c.start_ns, r.c.trace_id
-        conds = []
-        if q.path_class:
-            conds.append(r.c.path_class == q.path_class)
-        if q.since_ns is not None:
-            conds.append(start_col >= q.since_ns)
-        if q.until_ns is not None:
-            conds.append(start_col < q.until_ns)
-        if q.node:
-            conds.append(or_(r.c.prefill_node == _text(q.node), r.c.decode_node == _text(q.node)))
-        if q.pod:
-            conds.append(or_(r.c.prefill_pod == _text(q.pod), r.c.decode_pod == _text(q.pod)))
-        if q.model:
-            conds.append(r.c.model == _text(q.model))
-        if q.cursor:
-            c = q.cursor
-            conds.append(or_(start_col < c.start_ns, and_(start_col == c.start_ns, tid_col < c.trace_id)))
-        if conds:
-            stmt = stmt.where(*conds)
-        stmt = stmt.order_by(start_col.desc(), tid_col.desc()).limit(q.limit + 1)
+        stmt = list_statement(q)
         with self._read(per_value_plans=True) as conn:
             rows = conn.execute(stmt).all()
         page = Page(items=[orjson.loads(row[0]) for row in rows[: q.limit]])
         if len(rows) > q.limit:
             last = rows[q.limit - 1]
-            page.next_cursor = Cursor(last[1], last[2]).encode()
+            page.next_cursor = Cursor(last[1], last[2], q.order).encode()
         return page
 
     def get_request(self, ident: str) -> dict[str, Any] | None:
@@ -930,7 +904,10 @@ def _request_rows(summaries: Sequence[RequestSummary], now_ns: int) -> _RequestR
             continue
         names = sorted(_flags(s))
         row = rows[s.trace_id] = _request_row(s, now_ns, names)
-        flag_rows += [{"flag": n, "start_ns": row["start_ns"], "trace_id": s.trace_id} for n in names]
+        # The list's sort keys are repeated in the flag's rows: `?flag=` in each order walks
+        # one index of request_flags (schema.py).
+        keys = {k: row[k] for k in ("start_ns", "ttft_s", "kv_duration_s")}
+        flag_rows += [{"flag": n, "trace_id": s.trace_id, **keys} for n in names]
     return _RequestRows(rows, flag_rows, trace_to_request)
 
 
@@ -1109,6 +1086,48 @@ def _raw_stats(
         elif row[0]:
             for name in row[0].split(","):
                 yield (name,), values
+
+
+def list_statement(q: RequestQuery) -> Select:
+    """The select of a page of `q`'s order, descending on (key, trace id); docs/ui.md ("Sorting") gives
+    the plan and cost of each order and filter."""
+    r, f = requests, request_flags
+    # Newest first or slowest first; `?flag=` walks the flag's rows of request_flags, which
+    # repeat the sort keys. Slowest first reads a partial index of the rows that have the
+    # value, and names its predicate as written (SQLite uses a partial index only then).
+    keys = f.c if q.flag else r.c
+    key_col = {
+        RequestOrder.START: keys.start_ns,
+        RequestOrder.TTFT: keys.ttft_s,
+        RequestOrder.KV_TIME: keys.kv_duration_s,
+    }[q.order]
+    start_col, tid_col = keys.start_ns, keys.trace_id
+    stmt = select(r.c.summary, key_col, tid_col)
+    if q.flag:
+        stmt = stmt.join(f, f.c.trace_id == r.c.trace_id).where(f.c.flag == q.flag)
+    if q.order is not RequestOrder.START:
+        stmt = stmt.where(key_col.is_not(None))
+    conds = []
+    if q.path_class:
+        conds.append(r.c.path_class == q.path_class)
+    if q.since_ns is not None:
+        conds.append(start_col >= q.since_ns)
+    if q.until_ns is not None:
+        conds.append(start_col < q.until_ns)
+    if q.node:
+        conds.append(or_(r.c.prefill_node == _text(q.node), r.c.decode_node == _text(q.node)))
+    if q.pod:
+        conds.append(or_(r.c.prefill_pod == _text(q.pod), r.c.decode_pod == _text(q.pod)))
+    if q.model:
+        conds.append(r.c.model == _text(q.model))
+    if q.cursor:
+        c = q.cursor
+        # A row-value comparison, which both databases take as one range of the index (an OR
+        # of its two halves made SQLite read two ranges and sort them).
+        conds.append(tuple_(key_col, tid_col) < tuple_(c.value, c.trace_id))
+    if conds:
+        stmt = stmt.where(*conds)
+    return stmt.order_by(key_col.desc(), tid_col.desc()).limit(q.limit + 1)
 
 
 _SPAN_ORDER = operator.attrgetter("start_ns", "span_id")

@@ -63,8 +63,8 @@ def main() -> int:
             )
             conn.execute(
                 text(
-                    "INSERT INTO request_flags (flag, start_ns, trace_id)"
-                    f" SELECT flag, start_ns + :shift, {new_id}"
+                    "INSERT INTO request_flags (flag, start_ns, trace_id, ttft_s, kv_duration_s)"
+                    f" SELECT flag, start_ns + :shift, {new_id}, ttft_s, kv_duration_s"
                     " FROM request_flags WHERE trace_id NOT LIKE 'x%'"
                 ),
                 {"tag": tag, "shift": shift(k)},

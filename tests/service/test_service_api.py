@@ -3,8 +3,10 @@ validation, stats, OpenAPI, metrics exposition; and the migrations match the mod
 
 from __future__ import annotations
 
+import base64
 import time
 
+import orjson
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -13,7 +15,7 @@ from service_helpers import settings_for
 
 from railtrace.model import Flag, KVSummary, RequestSummary, rfc3339
 from railtrace.server import create_app
-from railtrace.store.queries import Cursor
+from railtrace.store.queries import Cursor, RequestOrder
 from railtrace.store.schema import metadata
 
 T0 = 1_790_000_000 * 10**9
@@ -37,8 +39,9 @@ def summary(n: int) -> RequestSummary:
         breakdown_s={"prefill": 0.05},
         prefill={"pod": f"prefill-{n % 2}", "node": NODES[n % 3], "gpu": None, "nic": None, "rail": None},
         decode={"pod": f"decode-{n % 2}", "node": NODES[(n + 1) % 3], "gpu": None, "nic": None, "rail": None},
-        kv_transfer=KVSummary(transport=path if path == "tcp" else "rdma", path_class=path, bytes=1 << 20,
-                              duration_s=0.01),
+        kv_transfer=KVSummary(
+            transport=path if path == "tcp" else "rdma", path_class=path, bytes=1 << 20, duration_s=0.01
+        ),
         flags=flags,
         trace_ids=[f"{n:032x}"],
         span_count=8,
@@ -54,6 +57,10 @@ def client(db_url: str):
         for n in range(1, 31):
             rt.metrics.request_assembled(summary(n).to_dict(), None)
         yield c
+
+
+def raw_cursor(fields: object) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps(fields)).decode().rstrip("=")
 
 
 def collect(client: TestClient, **params) -> list[str]:
@@ -75,8 +82,19 @@ def test_list_pages_newest_first_without_gaps_or_repeats(client: TestClient) -> 
     first = client.get("/api/v1/requests").json()
     assert len(first["items"]) == 30 and first["next_cursor"] is None
     item = first["items"][0]
-    assert {"trace_id", "request_id", "model", "start", "ttft_s", "e2e_s", "breakdown_s", "prefill", "decode",
-            "kv_transfer", "flags"} <= item.keys()
+    assert {
+        "trace_id",
+        "request_id",
+        "model",
+        "start",
+        "ttft_s",
+        "e2e_s",
+        "breakdown_s",
+        "prefill",
+        "decode",
+        "kv_transfer",
+        "flags",
+    } <= item.keys()
     assert item["kv_transfer"]["path_class"] in ("tcp", "rdma_same_rail")
 
 
@@ -93,6 +111,33 @@ def test_filters_combine(client: TestClient) -> None:
     assert collect(client, since=(T0 + 29 * 10**9) // 10**9) == [f"{n:032x}" for n in (30, 29)]
 
 
+@pytest.mark.parametrize("order", ["ttft", "kv_time"])
+@pytest.mark.parametrize(
+    ("params", "keep"),
+    [
+        ({}, lambda n: True),
+        ({"flag": "tcp_fallback"}, lambda n: n % 3 == 0),
+        ({"path_class": "rdma_same_rail"}, lambda n: n % 3 != 0),
+        ({"node": "node-b"}, lambda n: "node-b" in (NODES[n % 3], NODES[(n + 1) % 3])),
+        ({"pod": "decode-1"}, lambda n: n % 2 == 1),
+        ({"model": "mistral", "flag": "cross_rail"}, lambda n: n % 2 == 0 and n % 5 == 0),
+        ({"since": rfc3339(T0 + 5 * 10**9), "until": rfc3339(T0 + 20 * 10**9)}, lambda n: 5 <= n < 20),
+    ],
+)
+def test_list_pages_slowest_first_over_the_whole_window(client: TestClient, order: str, params, keep) -> None:
+    """Followed to the end three at a time, each order is the filtered requests sorted by its
+    value, slowest first (ties by trace id), whatever page a run of equal values straddles."""
+
+    def value(s: RequestSummary) -> float:
+        return s.ttft_s if order == "ttft" else s.kv_transfer.duration_s
+
+    rows = [summary(n) for n in range(1, 31) if keep(n)]
+    want = [s.trace_id for s in sorted(rows, key=lambda s: (value(s), s.trace_id), reverse=True)]
+    assert collect(client, order=order, limit=3, **params) == want
+    page = client.get("/api/v1/requests", params={"order": order, "limit": 2, **params}).json()
+    assert [i["trace_id"] for i in page["items"]] == want[:2]
+
+
 @pytest.mark.parametrize(
     ("params", "status"),
     [
@@ -105,6 +150,18 @@ def test_filters_combine(client: TestClient) -> None:
         ({"since": "2026-01-02T00:00:00Z", "until": "2026-01-01T00:00:00Z"}, 400),
         ({"node": "x" * 300}, 422),
         ({"cursor": Cursor(1, "a\x00b").encode()}, 400),  # no cursor this service issued holds NUL
+        ({"order": "slowest"}, 422),
+        # A cursor pages on only in the order that issued it.
+        ({"order": "ttft", "cursor": Cursor(T0, "a").encode()}, 400),
+        ({"cursor": Cursor(0.5, "a", RequestOrder.TTFT).encode()}, 400),
+        ({"order": "kv_time", "cursor": Cursor(0.5, "a", RequestOrder.TTFT).encode()}, 400),
+        ({"order": "ttft", "cursor": raw_cursor(["ttft", "0.5", "a"])}, 400),
+        ({"order": "ttft", "cursor": raw_cursor(["ttft", True, "a"])}, 400),
+        ({"order": "ttft", "cursor": raw_cursor(["ttft", 0.5, 7])}, 400),
+        ({"order": "ttft", "cursor": raw_cursor(["nope", 0.5, "a"])}, 400),
+        ({"order": "ttft", "cursor": raw_cursor(["ttft", 0.5])}, 400),
+        ({"cursor": raw_cursor([0.5, "a"])}, 400),  # a start cursor holds integer nanoseconds
+        ({"order": "ttft", "cursor": raw_cursor({"ttft": 0.5})}, 400),
     ],
 )
 def test_bad_parameters_get_clear_errors(client: TestClient, params: dict, status: int) -> None:
@@ -139,8 +196,17 @@ def test_stats_group_by(client: TestClient) -> None:
 
 def test_openapi_health_and_metrics(client: TestClient) -> None:
     paths = client.get("/openapi.json").json()["paths"]
-    for path in ("/v1/traces", "/api/v1/requests", "/api/v1/requests/{ident}", "/api/v1/traces/{trace_id}",
-                 "/api/v1/topology", "/api/v1/stats", "/healthz", "/readyz", "/metrics"):
+    for path in (
+        "/v1/traces",
+        "/api/v1/requests",
+        "/api/v1/requests/{ident}",
+        "/api/v1/traces/{trace_id}",
+        "/api/v1/topology",
+        "/api/v1/stats",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    ):
         assert path in paths
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/readyz").status_code == 200

@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from railtrace.server.deps import RuntimeDep
 from railtrace.server.routers.v1.params import TimeParam, bad_request, to_ns
 from railtrace.store import Cursor, RequestQuery, StoreError
-from railtrace.store.queries import DEFAULT_LIMIT, MAX_LIMIT
+from railtrace.store.queries import DEFAULT_LIMIT, MAX_LIMIT, RequestOrder
 from railtrace_tracing.semconv import FlagName, PathClass
 
 router = APIRouter(tags=["requests"])
@@ -18,7 +18,10 @@ router = APIRouter(tags=["requests"])
 Text = Annotated[str | None, Query(max_length=256)]
 
 
-@router.get("/requests", summary="Request summaries, newest first, with filters and cursor paging")
+@router.get(
+    "/requests",
+    summary="Request summaries, newest first or slowest first, with filters and cursor paging",
+)
 async def list_requests(
     rt: RuntimeDep,
     flag: FlagName | None = None,
@@ -32,6 +35,13 @@ async def list_requests(
     cursor: Annotated[
         str | None, Query(max_length=512, description="`next_cursor` of the previous page")
     ] = None,
+    order: Annotated[
+        RequestOrder,
+        Query(
+            description="`start`: newest first. `ttft`, `kv_time`: slowest first, over the requests "
+            "that have a TTFT / a KV transfer. A cursor pages on only in the order that issued it."
+        ),
+    ] = RequestOrder.START,
 ) -> dict[str, Any]:
     try:
         query = RequestQuery(
@@ -44,6 +54,7 @@ async def list_requests(
             model=model,
             limit=limit,
             cursor=Cursor.decode(cursor) if cursor else None,
+            order=order,
         )
     except StoreError as exc:
         raise bad_request(str(exc)) from None

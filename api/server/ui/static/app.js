@@ -222,13 +222,20 @@ function tile(label, value, href, cls) {
 // -- Requests list ----------------------------------------------------------------------
 
 const LIST_FILTERS = ["flag", "path_class", "node", "pod", "model", "since", "until"];
+// The API's orders (`order=`), each paged by its own cursor over the whole filtered window.
+const LIST_ORDERS = {
+  start: { label: "newest", first: "« newest", next: "older »", note: "" },
+  ttft: { label: "TTFT", first: "« slowest", next: "faster »", note: "slowest TTFT first; requests without a first token are not in this order" },
+  kv_time: { label: "KV time", first: "« slowest", next: "faster »", note: "slowest KV transfer first; requests without a KV transfer are not in this order" },
+};
 
 async function requestsPage(main, params) {
   const q = new URLSearchParams();
-  for (const k of [...LIST_FILTERS, "cursor"]) if (params.get(k)) q.set(k, params.get(k));
+  for (const k of [...LIST_FILTERS, "order", "cursor"]) if (params.get(k)) q.set(k, params.get(k));
   const limit = Number.parseInt(params.get("limit") || "", 10);
   q.set("limit", String(limit >= 1 && limit <= 1000 ? limit : PAGE_SIZE));
-  const sort = params.get("sort") || "time";
+  const orderKey = Object.hasOwn(LIST_ORDERS, params.get("order") || "") ? params.get("order") : "start";
+  const order = LIST_ORDERS[orderKey];
   let page;
   try {
     page = await api(`/api/v1/requests?${q}`);
@@ -237,16 +244,15 @@ async function requestsPage(main, params) {
     main.replaceChildren(filterForm(params), h("p", { class: "bad", role: "alert" }, `The filter was refused: ${e.message}`));
     return;
   }
-  const items = [...page.items];
-  if (sort === "ttft") items.sort((a, b) => (b.ttft_s ?? Infinity) - (a.ttft_s ?? Infinity));
-  if (sort === "kv") items.sort((a, b) => ((b.kv_transfer || {}).duration_s ?? -1) - ((a.kv_transfer || {}).duration_s ?? -1));
-
-  const sortLink = (key, label) => {
+  const orderLink = (key) => {
     const p = new URLSearchParams(params);
-    p.set("sort", key);
-    return h("a", { href: `/requests?${p}`, class: sort === key ? "active" : "", title: "sorts this page" }, label);
+    p.delete("cursor"); // a cursor pages on only in the order that issued it
+    if (key === "start") p.delete("order");
+    else p.set("order", key);
+    return h("a", { href: `/requests?${p}`, id: `order-${key}`, class: orderKey === key ? "active" : "" },
+      LIST_ORDERS[key].label);
   };
-  const rows = items.map((r) => {
+  const rows = page.items.map((r) => {
     const kv = r.kv_transfer || {};
     return h("tr", { "data-trace": r.trace_id },
       h("td", { class: "nowrap" }, h("a", { href: reqHref(r.trace_id) }, (r.start || "").replace("T", " ").slice(0, 23))),
@@ -265,12 +271,12 @@ async function requestsPage(main, params) {
   main.replaceChildren(
     h("div", { class: "pagehead" }, h("h1", {}, "Requests")),
     filterForm(params),
-    h("div", { class: "tabs" }, "order: ", sortLink("time", "newest"), sortLink("ttft", "TTFT"), sortLink("kv", "KV time"),
-      h("span", { class: "muted" }, " (TTFT and KV time order the requests of this page)")),
+    h("div", { class: "tabs" }, "order: ", Object.keys(LIST_ORDERS).map(orderLink),
+      order.note ? h("span", { class: "muted" }, ` (${order.note})`) : ""),
     table(["start (UTC)", "request", "TTFT", "KV time", "path", "prefill → decode", "flags"], rows, "requests"),
     h("nav", { class: "pager" },
-      params.get("cursor") ? h("a", { href: `/requests?${first}`, id: "first-page" }, "« newest") : "",
-      page.next_cursor ? h("a", { href: `/requests?${next}`, id: "next-page", rel: "next" }, "older »") : h("span", { class: "muted" }, "end of list")));
+      params.get("cursor") ? h("a", { href: `/requests?${first}`, id: "first-page" }, order.first) : "",
+      page.next_cursor ? h("a", { href: `/requests?${next}`, id: "next-page", rel: "next" }, order.next) : h("span", { class: "muted" }, "end of list")));
 }
 
 function filterForm(params) {
@@ -282,7 +288,7 @@ function filterForm(params) {
   return h("form", { class: "filters", method: "get", action: "/requests" },
     sel("flag", FLAGS), sel("path_class", PATH_CLASSES), txt("node", "node name"), txt("pod", "pod name"),
     txt("model", "model"), txt("since", "RFC 3339 or unix s"), txt("until", "RFC 3339 or unix s"),
-    params.get("sort") ? h("input", { type: "hidden", name: "sort", value: params.get("sort") }) : "",
+    params.get("order") ? h("input", { type: "hidden", name: "order", value: params.get("order") }) : "",
     h("button", { type: "submit" }, "Filter"), h("a", { href: "/requests" }, "clear"));
 }
 
