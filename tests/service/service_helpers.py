@@ -54,28 +54,104 @@ def pd_spans(n: int, start_ns: int = T0) -> list[tuple[str, dict[str, Any]]]:
     ms = 1_000_000
     s = lambda i: span_id(n, i)  # noqa: E731
     return [
-        ("epp", dict(i=0, parent=None, name="gateway.request", start=0, end=3146 * ms,
-                     attrs={"gen_ai.request.model": "llama-3-70b",
-                            "http.request.header.x-request-id": [rid]})),
-        ("epp", dict(i=1, parent=s(0), name="run_scheduler_profile", start=1 * ms, end=2 * ms,
-                     attrs={"llm_d.epp.scheduling.profile.name": "decode"})),
-        ("epp", dict(i=2, parent=s(1), name="pick_endpoints", start=1 * ms, end=2 * ms,
-                     attrs={"llm_d.epp.picker.top_endpoints": ["10.0.0.2:8000"]})),
-        ("sidecar", dict(i=3, parent=s(0), name="forward_request", start=3 * ms, end=3145 * ms,
-                         attrs={"llm_d.pd_proxy.request_id": rid, "llm_d.pd_proxy.connector": "nixlv2"})),
-        ("sidecar", dict(i=4, parent=s(3), name="prefill", start=4 * ms, end=54 * ms,
-                         attrs={"llm_d.pd_proxy.prefill_target": "10.0.0.1:8000"})),
-        ("prefill", dict(i=5, parent=s(4), name="llm_request", start=5 * ms, end=52 * ms,
-                         attrs={"gen_ai.request.id": f"chatcmpl-{rid}", "gen_ai.usage.completion_tokens": 1,
-                                "gen_ai.request.max_tokens": 1, "gen_ai.usage.prompt_tokens": 2071})),
-        ("sidecar", dict(i=6, parent=s(4), name="decode", start=54 * ms, end=3145 * ms,
-                         attrs={"llm_d.pd_proxy.true_ttft_ms": 50.0,
-                                "llm_d.pd_proxy.decode.target": "10.0.0.2:8000"})),
-        ("decode", dict(i=7, parent=s(6), name="llm_request", start=55 * ms, end=3144 * ms,
-                        attrs={"gen_ai.request.id": f"chatcmpl-{rid}",
-                               "gen_ai.latency.time_to_first_token": 0.343,
-                               "gen_ai.latency.time_in_queue": 0.322,
-                               "gen_ai.usage.completion_tokens": 200})),
+        (
+            "epp",
+            dict(
+                i=0,
+                parent=None,
+                name="gateway.request",
+                start=0,
+                end=3146 * ms,
+                attrs={"gen_ai.request.model": "llama-3-70b", "http.request.header.x-request-id": [rid]},
+            ),
+        ),
+        (
+            "epp",
+            dict(
+                i=1,
+                parent=s(0),
+                name="run_scheduler_profile",
+                start=1 * ms,
+                end=2 * ms,
+                attrs={"llm_d.epp.scheduling.profile.name": "decode"},
+            ),
+        ),
+        (
+            "epp",
+            dict(
+                i=2,
+                parent=s(1),
+                name="pick_endpoints",
+                start=1 * ms,
+                end=2 * ms,
+                attrs={"llm_d.epp.picker.top_endpoints": ["10.0.0.2:8000"]},
+            ),
+        ),
+        (
+            "sidecar",
+            dict(
+                i=3,
+                parent=s(0),
+                name="forward_request",
+                start=3 * ms,
+                end=3145 * ms,
+                attrs={"llm_d.pd_proxy.request_id": rid, "llm_d.pd_proxy.connector": "nixlv2"},
+            ),
+        ),
+        (
+            "sidecar",
+            dict(
+                i=4,
+                parent=s(3),
+                name="prefill",
+                start=4 * ms,
+                end=54 * ms,
+                attrs={"llm_d.pd_proxy.prefill_target": "10.0.0.1:8000"},
+            ),
+        ),
+        (
+            "prefill",
+            dict(
+                i=5,
+                parent=s(4),
+                name="llm_request",
+                start=5 * ms,
+                end=52 * ms,
+                attrs={
+                    "gen_ai.request.id": f"chatcmpl-{rid}",
+                    "gen_ai.usage.completion_tokens": 1,
+                    "gen_ai.request.max_tokens": 1,
+                    "gen_ai.usage.prompt_tokens": 2071,
+                },
+            ),
+        ),
+        (
+            "sidecar",
+            dict(
+                i=6,
+                parent=s(4),
+                name="decode",
+                start=54 * ms,
+                end=3145 * ms,
+                attrs={"llm_d.pd_proxy.true_ttft_ms": 50.0, "llm_d.pd_proxy.decode.target": "10.0.0.2:8000"},
+            ),
+        ),
+        (
+            "decode",
+            dict(
+                i=7,
+                parent=s(6),
+                name="llm_request",
+                start=55 * ms,
+                end=3144 * ms,
+                attrs={
+                    "gen_ai.request.id": f"chatcmpl-{rid}",
+                    "gen_ai.latency.time_to_first_token": 0.343,
+                    "gen_ai.latency.time_in_queue": 0.322,
+                    "gen_ai.usage.completion_tokens": 200,
+                },
+            ),
+        ),
     ]
 
 
@@ -99,8 +175,12 @@ def export_request(
     for proc, (service, pod, node) in PROCESSES.items():
         rs = req.resource_spans.add()
         rs.resource.attributes.extend(
-            [kv("service.name", service), kv("k8s.pod.name", pod), kv("k8s.node.name", node),
-             kv("k8s.namespace.name", "llm-d")]
+            [
+                kv("service.name", service),
+                kv("k8s.pod.name", pod),
+                kv("k8s.node.name", node),
+                kv("k8s.namespace.name", "llm-d"),
+            ]
         )
         ss = rs.scope_spans.add()
         ss.scope.name = "railtrace.test"

@@ -20,8 +20,17 @@ from railtrace.store.schema import traces as traces_table
 
 HOUR_NS = 3600 * 10**9
 SUMMARY_KEYS = {
-    "trace_id", "request_id", "model", "start", "ttft_s", "e2e_s", "breakdown_s", "prefill", "decode",
-    "kv_transfer", "flags",
+    "trace_id",
+    "request_id",
+    "model",
+    "start",
+    "ttft_s",
+    "e2e_s",
+    "breakdown_s",
+    "prefill",
+    "decode",
+    "kv_transfer",
+    "flags",
 }
 
 
@@ -31,8 +40,10 @@ def later() -> int:
 
 def post(svc: Service, req) -> None:
     r = httpx.post(
-        svc.http_url + "/v1/traces", content=req.SerializeToString(),
-        headers={"content-type": "application/x-protobuf"}, timeout=60,
+        svc.http_url + "/v1/traces",
+        content=req.SerializeToString(),
+        headers={"content-type": "application/x-protobuf"},
+        timeout=60,
     )
     assert r.status_code == 200, r.text
 

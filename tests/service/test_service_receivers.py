@@ -64,8 +64,9 @@ def metric(svc: Service, name: str, labels: str = "") -> float:
 def _sdk_spans(service_name: str) -> list:
     memory = InMemorySpanExporter()
     provider = TracerProvider(
-        resource=Resource.create({"service.name": service_name, "k8s.pod.name": "decode-0",
-                                  "k8s.node.name": "node-b"})
+        resource=Resource.create(
+            {"service.name": service_name, "k8s.pod.name": "decode-0", "k8s.node.name": "node-b"}
+        )
     )
     provider.add_span_processor(SimpleSpanProcessor(memory))
     tracer = provider.get_tracer("railtrace.test")
@@ -121,18 +122,35 @@ def test_official_exporters_http_and_grpc_round_trip(service: Service) -> None:
 def test_json_payload_with_hex_ids_gets_json_answer(service: Service) -> None:
     tid, sid = "5b8efff798038103d269b633813fc60c", "eee19b7ec3c1b174"
     doc = {
-        "resourceSpans": [{
-            "resource": {
-                "attributes": [{"key": "service.name", "value": {"stringValue": "llm-d-router/epp"}}]
-            },
-            "scopeSpans": [{"scope": {"name": "epp"}, "spans": [{
-                "traceId": tid, "spanId": sid, "name": "gateway.request", "kind": 2,
-                "startTimeUnixNano": "1790000000000000000", "endTimeUnixNano": "1790000003146000000",
-                "attributes": [{"key": "gen_ai.request.model", "value": {"stringValue": "llama"}},
-                               {"key": "llm_d.epp.picker.top_scores",
-                                "value": {"arrayValue": {"values": [{"doubleValue": 0.5}]}}}],
-            }]}],
-        }]
+        "resourceSpans": [
+            {
+                "resource": {
+                    "attributes": [{"key": "service.name", "value": {"stringValue": "llm-d-router/epp"}}]
+                },
+                "scopeSpans": [
+                    {
+                        "scope": {"name": "epp"},
+                        "spans": [
+                            {
+                                "traceId": tid,
+                                "spanId": sid,
+                                "name": "gateway.request",
+                                "kind": 2,
+                                "startTimeUnixNano": "1790000000000000000",
+                                "endTimeUnixNano": "1790000003146000000",
+                                "attributes": [
+                                    {"key": "gen_ai.request.model", "value": {"stringValue": "llama"}},
+                                    {
+                                        "key": "llm_d.epp.picker.top_scores",
+                                        "value": {"arrayValue": {"values": [{"doubleValue": 0.5}]}},
+                                    },
+                                ],
+                            }
+                        ],
+                    }
+                ],
+            }
+        ]
     }
     r = post(service, orjson.dumps(doc), ctype="application/json; charset=utf-8")
     assert r.status_code == 200 and r.headers["content-type"].startswith(JSON)

@@ -30,10 +30,14 @@ def test_serve_command_end_to_end(db_url: str, tmp_path: Path) -> None:
     env = dict(os.environ, RAILTRACE_DB=db_url, RAILTRACE_GRPC_PORT=str(grpc_port))
     proc = subprocess.Popen(
         [sys.executable, "-m", "railtrace.cli", "serve", "--port", str(port), "--quiet-period", "0.2"],
-        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
     try:
+
         def ready() -> bool:
             assert proc.poll() is None, proc.stdout.read().decode()
             try:
@@ -80,9 +84,22 @@ def test_serve_command_reports_a_busy_port(tmp_path: Path) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "railtrace.cli", "serve", "--port", str(port), "--grpc-port", "0",
-             "--db", f"sqlite:///{tmp_path / 'x.db'}"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+            [
+                sys.executable,
+                "-m",
+                "railtrace.cli",
+                "serve",
+                "--port",
+                str(port),
+                "--grpc-port",
+                "0",
+                "--db",
+                f"sqlite:///{tmp_path / 'x.db'}",
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
     assert result.returncode == 2
     assert f"cannot listen for HTTP on 127.0.0.1:{port}" in result.stderr

@@ -68,7 +68,11 @@ def test_a_remembered_resolution_is_the_same_answer_and_never_shared() -> None:
     asked = Endpoint(address="10.0.0.4:8000", span_id="b" * 16, service="s2")
     again, notes_again = resolve_endpoint(t, asked)
     assert (again.pod, again.node, again.gpu, again.nic, again.rail) == (
-        "decode-b1", "node-b", "gpu-1", "mlx5_1", "rail-1"
+        "decode-b1",
+        "node-b",
+        "gpu-1",
+        "mlx5_1",
+        "rail-1",
     )
     assert (again.span_id, again.service) == ("b" * 16, "s2")
     assert "changed by the caller" not in notes_again
