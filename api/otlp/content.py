@@ -55,5 +55,5 @@ class KeyScan:
 
     def __call__(self, raw: bytes) -> bool:
         if wirescan is not None:  # one pass over the bytes for all the needles
-            return wirescan.contains_any(raw, self.needles)
+            return bool(wirescan.contains_any(raw, self.needles))
         return any(h in raw for h in self.hints) and any(n in raw for n in self.needles)

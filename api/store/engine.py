@@ -197,7 +197,7 @@ def _ping_idle_connections(engine: Engine) -> None:
         try:
             engine.dialect.do_ping(dbapi_conn)
         except Exception as exc:
-            if engine.dialect.is_disconnect(exc, dbapi_conn, None):
+            if engine.dialect.is_disconnect(exc, dbapi_conn, None):  # type: ignore[arg-type]  # any driver error
                 # The pool discards this connection and connects anew.
                 raise DisconnectionError("pooled connection lost while idle") from exc
             raise

@@ -168,7 +168,7 @@ def _statements(dialect: str) -> tuple[Any, Any]:
 
 def _hour_sql(start_ns: Any) -> Any:
     """`hour_of` in SQL (floor modulo in both dialects, whose % truncates toward zero)."""
-    h = literal_column(str(HOUR_NS))
+    h: Any = literal_column(str(HOUR_NS))
     return start_ns - (start_ns % h + h) % h
 
 

@@ -291,7 +291,7 @@ def _span_encodings(buf: bytes, start: int, end: int) -> list[bytes]:
     read inline (a span's length is one or two bytes); anything else takes `_fields`. Raises
     ValueError on bad framing, as `_fields` does.
     """
-    out = []
+    out: list[Any] = []
     append = out.append
     pos = start
     while pos < end:

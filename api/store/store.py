@@ -355,7 +355,9 @@ class Store:
             if not dbapi.info.get("railtrace_staging_chunks"):
                 # The bodies are compressed as COPY writes them here and kept compressed when
                 # moved, so this table compresses them as span_chunks does (lz4, migration 0006).
-                cur.execute(_STAGING if conn.dialect.server_version_info >= (14,) else _STAGING_BEFORE_14)
+                cur.execute(
+                    _STAGING if (conn.dialect.server_version_info or (0,)) >= (14,) else _STAGING_BEFORE_14
+                )
                 dbapi.info["railtrace_staging_chunks"] = True
             with cur.copy(f"COPY railtrace_chunks_in ({INSERT_COLUMNS}) FROM STDIN (FORMAT BINARY)") as copy:
                 copy.set_types(_COPY_TYPES)
@@ -444,7 +446,7 @@ class Store:
             "again": listed(again, self.sqlite),
         }
         with self._begin(per_value_plans=True) as conn:
-            rows = conn.execute(self._q.claim_ready, params).all()
+            rows = list(conn.execute(self._q.claim_ready, params).all())
         if skip:  # only if their lease ran out: it is renewed, they are not returned
             rows = [r for r in rows if r[0] not in skip]
         rows.sort(key=lambda r: (r[1], r[0]))
@@ -549,7 +551,8 @@ class Store:
             return out, None
         sc = span_chunks.c
         cols = select(sc.trace_id, sc.chunk_id, sc.body).where(among(sc.trace_id, "ids", self.sqlite))
-        t, c = bindparam("t"), bindparam("c")
+        t: Any = bindparam("t")
+        c: Any = bindparam("c")
         read = records_reader()
         pos, exclusive, more = after, False, True
         with self._read() as conn:
@@ -728,8 +731,14 @@ class Store:
         hi = None if until_ns is None else hour_of(until_ns)  # end of the last one
         parts: list[Iterable[tuple[tuple[Any, ...], tuple[Any, ...]]]] = []
         with self._read(per_value_plans=True) as conn:
-            if lo is not None and hi is not None and lo >= hi:  # no whole hour inside
-                parts.append(_raw_stats(conn, group_by, since_ns, until_ns))
+            if (
+                since_ns is not None
+                and until_ns is not None
+                and lo is not None
+                and hi is not None
+                and lo >= hi
+            ):
+                parts.append(_raw_stats(conn, group_by, since_ns, until_ns))  # no whole hour inside
             else:
                 parts.append(rollup_read(conn, group_by, lo, hi))
                 if lo is not None and since_ns is not None and since_ns < lo:
@@ -983,13 +992,13 @@ def _rows_as_arrays(name: str, columns: Sequence[tuple[str, Any]]) -> Any:
     return func.unnest(*arrays).table_valued(*(n for n, _ in columns)).render_derived(name=name)
 
 
-def _insert_from_arrays(table: Any) -> Executable:
+def _insert_from_arrays(table: Any) -> Any:
     given = _rows_as_arrays("given", [(c.name, c.type) for c in table.c])
     return table.insert().from_select([c.name for c in table.c], select(*given.c))
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled(stmt: Executable, dialect: Dialect) -> tuple[str, tuple[str, ...] | None]:
+def _compiled(stmt: Any, dialect: Dialect) -> tuple[str, tuple[str, ...] | None]:
     """`stmt`'s text for `dialect` and, if its placeholders are positional, their names in order."""
     c = stmt.compile(dialect=dialect)
     return str(c), tuple(c.positiontup) if c.positional and c.positiontup is not None else None
@@ -1042,14 +1051,14 @@ def _fetch_binary(conn: Connection, stmt: Executable, params: dict[str, Any]) ->
     reading assembly's span chunks (~6 KB a request) took 38 us a chunk that way, 14 in binary.
     """
     if is_sqlite(conn):
-        return conn.execute(stmt, params).all()
+        return list(conn.execute(stmt, params).all())
     sql, _ = _compiled(stmt, conn.dialect)
     if not conn.in_transaction():  # the driver's cursor joins the transaction the caller ends
         conn.begin()
     cur = conn.connection.cursor(binary=True)
     try:
         cur.execute(sql, params)
-        return cur.fetchall()
+        return list(cur.fetchall())
     finally:
         cur.close()
 
@@ -1088,7 +1097,7 @@ def _raw_stats(
                 yield (name,), values
 
 
-def list_statement(q: RequestQuery) -> Select:
+def list_statement(q: RequestQuery) -> Select[Any]:
     """The select of a page of `q`'s order, descending on (key, trace id); docs/ui.md ("Sorting") gives
     the plan and cost of each order and filter."""
     r, f = requests, request_flags
@@ -1322,7 +1331,7 @@ class _Statements:
                 .where(t.trace_id == m.c.tid, t.last_arrival_ns == m.c.seen)
                 .values(**assembled, request_trace_id=m.c.rtid)
             )
-        lease = {"claimed_by": bindparam("owner"), "claimed_until_ns": bindparam("until")}
+        lease: dict[str, Any] = {"claimed_by": bindparam("owner"), "claimed_until_ns": bindparam("until")}
         eligible = (
             t.last_arrival_ns <= bindparam("quiet_before"),
             or_(t.has_root.is_(True), t.first_arrival_ns <= bindparam("wait_before")),
@@ -1408,7 +1417,7 @@ class _Statements:
         # The id's joinable keys (`request_id_forms`): as the request's own id, then as a key
         # any span of any of its traces carried (trace_keys: the EPP's x-request-id, vLLM's
         # id, the sidecar's UUID, a KV connector's id), newest request first.
-        keys = (bindparam("key"), bindparam("engine_key"))
+        keys: tuple[Any, ...] = (bindparam("key"), bindparam("engine_key"))
         by_request_id = (
             select(r.summary, literal_column("2").label("pref"))
             .where(r.request_id.in_(keys))
@@ -1431,6 +1440,7 @@ class _Statements:
         # Each row locked and its last arrival read: on PostgreSQL by SELECT ... FOR UPDATE
         # (a no-op write would add a row version and an entry in every index of `traces`),
         # on SQLite by a no-op write, which takes the database's write lock.
+        self.lock_traces: Any
         if sqlite:
             self.lock_traces = (
                 update(traces)
