@@ -7,8 +7,9 @@
 Two NIXL 1.5.1 agents in two processes (the target from tests.shims.nixl_loopback). The initiator
 registers one buffer per size, prepares descriptor lists of N equal blocks on both sides
 (`prep_xfer_dlist`, as vLLM does at registration) and posts each transfer with
-`make_prepped_xfer(READ, local, indices, remote, indices)` → `transfer` → polls →
-`release_xfer_handle`, as vLLM's pull worker does. Agents are created with
+`make_prepped_xfer(READ, local, indices, remote, indices)` → `transfer` (result ignored) → polls
+until DONE → `get_xfer_telemetry` (with telemetry, as vLLM ≥ 0.12) → `release_xfer_handle`, in
+vLLM's order (0.34.0 `nixl/pull_worker.py`, `base_worker.py` `_pop_done_transfers`). Agents are created with
 `capture_telemetry=True` (what vLLM ≥ 0.13 does) unless `--no-telemetry`.
 
 Modes alternate block by block on the same agents and endpoints: `off` (the shim's class
