@@ -7,8 +7,9 @@
 Two NIXL 1.5.1 agents in two processes (the target from tests.shims.nixl_loopback). The initiator
 registers one buffer per size, prepares descriptor lists of N equal blocks on both sides
 (`prep_xfer_dlist`, as vLLM does at registration) and posts each transfer with
-`make_prepped_xfer(READ, local, indices, remote, indices)` → `transfer` → polls →
-`release_xfer_handle`, as vLLM's pull worker does. Agents are created with
+`make_prepped_xfer(READ, local, indices, remote, indices)` → `transfer` (result ignored) → polls
+until DONE → `get_xfer_telemetry` (with telemetry, as vLLM ≥ 0.12) → `release_xfer_handle`, in
+vLLM's order (0.34.0 `nixl/pull_worker.py`, `base_worker.py` `_pop_done_transfers`). Agents are created with
 `capture_telemetry=True` (what vLLM ≥ 0.13 does) unless `--no-telemetry`.
 
 Modes alternate block by block on the same agents and endpoints: `off` (the shim's class
@@ -96,7 +97,7 @@ def pct(values: list[int], q: float) -> float:
     return float(s[min(len(s) - 1, int(q * len(s)))])
 
 
-def run(transfers: int, block: int, telemetry: bool) -> dict[str, Any]:
+def run(transfers: int, block: int, telemetry: bool, sizes: set[float] | None = None) -> dict[str, Any]:
     from nixl_cu12 import _api
 
     from railtrace_tracing.kv_transfer import NixlKVTransferInstrumentor, kv_transfer_scope
@@ -105,7 +106,13 @@ def run(transfers: int, block: int, telemetry: bool) -> dict[str, Any]:
 
     inner: list[int] = [0]  # CPU of the last real NIXL call (set by the timers under the shim)
     cls0 = _api.nixl_agent
-    for name in ("make_prepped_xfer", "transfer", "check_xfer_state", "release_xfer_handle"):
+    for name in (
+        "make_prepped_xfer",
+        "transfer",
+        "check_xfer_state",
+        "get_xfer_telemetry",
+        "release_xfer_handle",
+    ):
         real = getattr(cls0, name)
 
         def timed(agent: Any, *a: Any, _real: Any = real, **k: Any) -> Any:
@@ -146,6 +153,8 @@ def run(transfers: int, block: int, telemetry: bool) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     try:
         for size, nblocks in CONFIGS:
+            if sizes and size / MIB not in sizes:
+                continue
             bs = size // nblocks
             local = agent.prep_xfer_dlist(
                 "NIXL_INIT_AGENT", [(buf.ctypes.data + i * bs, bs, 0) for i in range(nblocks)], "DRAM"
@@ -155,6 +164,7 @@ def run(transfers: int, block: int, telemetry: bool) -> dict[str, Any]:
             cpu: dict[str, list[int]] = {"off": [], "on": []}
             wall: dict[str, list[int]] = {"off": [], "on": []}
             polls: dict[str, list[tuple[int, int]]] = {"off": [], "on": []}
+            per_call: dict[str, dict[str, list[int]]] = {"off": {}, "on": {}}
             n = 0
 
             def call(fn: Any, *a: Any) -> tuple[Any, int]:
@@ -171,26 +181,37 @@ def run(transfers: int, block: int, telemetry: bool) -> dict[str, Any]:
                 cpu: dict[str, list[int]] = cpu,
                 wall: dict[str, list[int]] = wall,
                 polls: dict[str, list[tuple[int, int]]] = polls,
+                per_call: dict[str, dict[str, list[int]]] = per_call,
             ) -> None:
+                # vLLM's order: post inside the request's worker method (the scope), ignoring what
+                # `transfer` returns; poll in a later step until DONE; then, from 0.12 on (agents
+                # with telemetry), `get_xfer_telemetry`; then release.
                 with kv_transfer_scope(f"cmpl-bench-{i}-0", remote_engine_id="prefill-0"):
-                    h, own = call(agent.make_prepped_xfer, "READ", local, idx, remote, idx)
+                    h, o_prep = call(agent.make_prepped_xfer, "READ", local, idx, remote, idx)
                     w0 = time.perf_counter_ns()
-                    state, o = call(agent.transfer, h)
-                    own += o
-                    poll_own, npoll = 0, 0
-                    while state not in ("DONE", "ERR"):
-                        state, o = call(agent.check_xfer_state, h)
-                        if state in ("DONE", "ERR"):
-                            own += o  # the completing poll does the shim's completion work
-                        else:
-                            poll_own += o
-                            npoll += 1
-                    w1 = time.perf_counter_ns()
-                    _, o = call(agent.release_xfer_handle, h)
-                    own += o
+                    _, o_post = call(agent.transfer, h)
+                poll_own, npoll = 0, 0
+                while True:
+                    state, o_poll = call(agent.check_xfer_state, h)
+                    if state != "PROC":
+                        break
+                    poll_own += o_poll
+                    npoll += 1
+                w1 = time.perf_counter_ns()
+                o_tel = call(agent.get_xfer_telemetry, h)[1] if telemetry else 0
+                _, o_rel = call(agent.release_xfer_handle, h)
                 assert state == "DONE", state
                 if i >= 0:
-                    cpu[mode].append(own)
+                    own = {
+                        "prep": o_prep,
+                        "post": o_post,
+                        "done_poll": o_poll,
+                        "telemetry": o_tel,
+                        "release": o_rel,
+                    }
+                    for name, o in own.items():
+                        per_call[mode].setdefault(name, []).append(o)
+                    cpu[mode].append(sum(own.values()))
                     wall[mode].append(w1 - w0)
                     polls[mode].append((npoll, poll_own))
 
@@ -231,6 +252,11 @@ def run(transfers: int, block: int, telemetry: bool) -> dict[str, Any]:
                 }
             off_sorted = sorted(cpu["off"])
             added = [c - off_sorted[len(off_sorted) // 2] for c in cpu["on"]]
+            r["added_cpu_us_median_by_call"] = {
+                name: (statistics.median(per_call["on"][name]) - statistics.median(per_call["off"][name]))
+                / 1e3
+                for name in per_call["on"]
+            }
             r["added_cpu_us_median"] = (statistics.median(cpu["on"]) - statistics.median(cpu["off"])) / 1e3
             r["added_cpu_us_p99"] = pct(added, 0.99) / 1e3
             r["added_share_pct"] = 100 * r["added_cpu_us_median"] / r["off"]["wall_us_median"]
@@ -259,9 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--transfers", type=int, default=30, help="transfers per mode per configuration")
     ap.add_argument("--block", type=int, default=5, help="transfers per mode before switching")
     ap.add_argument("--no-telemetry", action="store_true", help="agents without capture_telemetry")
+    ap.add_argument("--sizes", help="only these transfer sizes, MiB, comma-separated (e.g. 16,256)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    out = run(args.transfers, args.block, not args.no_telemetry)
+    sizes = {float(s) for s in args.sizes.split(",")} if args.sizes else None
+    out = run(args.transfers, args.block, not args.no_telemetry, sizes)
     text = json.dumps(out, indent=1)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:

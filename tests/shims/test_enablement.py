@@ -98,7 +98,6 @@ def test_nixl_wrapper_failure_does_not_reach_the_caller(monkeypatch) -> None:
             raise RuntimeError("shim bug")
 
     monkeypatch.setattr(inst, "_handles", Broken())
-    monkeypatch.setattr(inst, "_inflight", Broken())
 
     class Agent:
         name = "a"

@@ -1,13 +1,17 @@
 """`NixlKVTransferInstrumentor`: one `llm_d.kv_transfer` span per NIXL transfer.
 
 Patches `nixl_agent` (nixl / nixl_cu12 / nixl_cu13 `_api`): `initialize_xfer` and
-`make_prepped_xfer` note what a handle will move, `transfer` notes the post time,
-`check_xfer_state` notes completion when it reports DONE or ERR, `release_xfer_handle` ends a
-transfer still open. Transport and devices come from UCX's own log (see `ucx_capture`).
+`make_prepped_xfer` make the handle's record (what it will move), `transfer` notes the post
+time and a snapshot of the thread's context (request scope, trace context), `transfer` or
+`check_xfer_state` note the end when NIXL reports DONE or ERR, `get_xfer_telemetry` keeps the
+telemetry the caller reads (vLLM does, after DONE), `release_xfer_handle` reads it if nobody did
+and ends a transfer still open. Transport and devices come from UCX's own log (`ucx_capture`).
 
-The transfer's own thread does as little as possible: plain-function patches (no proxy
-objects on the polling path), two clock reads and one tuple appended to a deque. Span
-building, attribute conversion and the UCX evidence lookup run on a background emitter.
+The transfer's own thread (vLLM's engine thread) only fills in the record by reference: with
+`cma` the copy runs on that thread and evicts its caches, and each object the shim touches
+afterwards is fetched again, so the patches touch as few as they can (plain functions, a list
+indexed by literal positions, one dict). The emitter thread takes the records once they end and
+does everything else: reading the request and trace context, bytes, UCX evidence, the span.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ _METHODS = (
     "make_prepped_xfer",
     "transfer",
     "check_xfer_state",
+    "get_xfer_telemetry",
     "release_xfer_handle",
 )
 _PATCH_MARK = "__railtrace_original__"
@@ -135,8 +140,15 @@ def _str(v: Any) -> str | None:
 # emitter's thread): (handle, agent name, operation as passed, bytes, descriptors, remote agent,
 # descriptor list whose lengths give bytes and descriptors).
 _Handle = tuple[Any, Any, Any, Any, Any, Any, Any]
-# A posted transfer not finished yet: (post time, scope, parent context).
-_Posted = tuple[int, Any, Any]
+# A handle's record, made when the handle is (initialize_xfer / make_prepped_xfer), filled in by
+# the post and by the patches that see it end; a re-post starts a new one:
+# [0 post time, 1 snapshot of the posting thread's context (`contextvars.copy_context`: request
+#  scope and trace context), 2 parent context when the OpenTelemetry runtime context is not
+#  contextvars-based, 3 the call that made the handle (raw), 4 agent, 5 state, 6 end time,
+#  7 NIXL telemetry, 8 closed: nothing more will be learned (telemetry kept, handle released, or
+#  an agent without telemetry)]. A list indexed by literal positions: after a `cma` copy a store
+#  into it is the cheapest thing a patch can do (no name lookups).
+_Record = list[Any]
 
 
 class NixlKVTransferInstrumentor(GatedInstrumentor):
@@ -146,7 +158,8 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
     background_emit=True, vllm_hook=True)`. Call it before the first `nixl_agent` is created so that
     UCX logs where the shim reads. The transfer's own thread only notes post and completion times;
     a background thread looks up the evidence and emits the span with those times (waiting up to
-    `evidence_grace_s` for UCX to write the table). `force_flush()` waits for pending spans.
+    `evidence_grace_s` for UCX to write the table, and for the release of a handle whose agent
+    captures telemetry). `force_flush()` waits for the spans of ended transfers.
     """
 
     shim_name = "nixl"
@@ -159,8 +172,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         super().__init__()
         self.capture = UcxLogCapture()
         self._tracer_provider: Any = None
-        self._handles: dict[int, _Handle] = {}
-        self._inflight: dict[int, _Posted] = {}
+        self._handles: dict[int, _Record] = {}  # handle id → its record (latest post), until released
         self._dlists: dict[int, tuple[Any, Any, str]] = {}  # id → (handle, lengths, agent name)
         self._telemetry_agents: set[int] = set()
         self._lock = threading.Lock()
@@ -171,6 +183,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         # and taken by the emitter; `_waiting` holds those whose UCX evidence is not there yet.
         self._queue: collections.deque[tuple[Any, ...]] = collections.deque()
         self._waiting: list[tuple[Any, ...]] = []
+        self._open: list[_Record] = []  # taken from the queue, not ended (or awaiting telemetry)
         self._worker: threading.Thread | None = None
         self._wake = threading.Event()
         self._grace_ns = 1_000_000_000
@@ -182,14 +195,18 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             os.register_at_fork(after_in_child=self._after_fork)
 
     def _after_fork(self) -> None:
-        """A forked child has no emitter thread and must not re-emit its parent's transfers."""
+        """A forked child has no emitter thread and must not re-emit its parent's transfers; it
+        starts its own emitter if the parent had one (the patches never check for it)."""
+        had_worker = self._worker is not None
         self._worker = None
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._queue.clear()
         self._waiting = []
-        self._inflight.clear()
+        self._open = []
+        if had_worker and self._active and self._async:
+            self._ensure_worker()
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return ()  # nixl ships as nixl, nixl-cu12 or nixl-cu13; checked at import time instead
@@ -206,6 +223,8 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         self._ucx_log_path = kwargs.get("ucx_log_path")
         for modname in NIXL_MODULES:
             self._patch_when_imported(modname)
+        if self._async and any(m in sys.modules for m in NIXL_MODULES):
+            self._ensure_worker()  # agents may exist already; else the first agent starts it
         if kwargs.get("vllm_hook", True):
             from railtrace_tracing.kv_transfer import vllm as vllm_hook
 
@@ -252,9 +271,9 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                     delattr(cls, name)
         self._patched.clear()
         self._handles.clear()
-        self._inflight.clear()  # transfers in flight at uninstrument() are not reported
         self._dlists.clear()
         self.flush_deferred(final=True)
+        self._open = []  # transfers in flight at uninstrument() are not reported
 
     # -- patches (run on the host's threads: keep them short) ---------------------------
     def _make_init(self, original: Any) -> Any:
@@ -287,6 +306,8 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             from railtrace_tracing.kv_transfer import vllm as vllm_hook
 
             vllm_hook.check_layout_used()
+        if self._async:
+            self._ensure_worker()  # the emitter: the transfer patches never check for it
         if not self._capture_wanted or self.capture.configured:
             return
         capture = UcxLogCapture(self._ucx_log_path)
@@ -326,13 +347,24 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         return prep_xfer_dlist
 
     def _make_initialize_xfer(self, original: Any) -> Any:
-        handles = self._handles
+        handles, telemetry_agents = self._handles, self._telemetry_agents
 
         def initialize_xfer(agent: Any, *args: Any, **kwargs: Any) -> Any:
             handle = original(agent, *args, **kwargs)
             # The call as made; read (operation, descriptors, peer) on the emitter, not here.
             try:  # zero-cost unless it raises: a shim bug never reaches the host
-                handles[id(handle)] = (handle, agent, args, kwargs, False)
+                raw = (handle, agent, args, kwargs, False)
+                handles[id(handle)] = [
+                    None,
+                    None,
+                    None,
+                    raw,
+                    agent,
+                    None,
+                    None,
+                    None,
+                    id(agent) not in telemetry_agents,
+                ]
             except Exception:
                 logger.debug("railtrace: initialize_xfer", exc_info=True)
             return handle
@@ -366,14 +398,26 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             return (handle, name, "", None, None, None, None)
 
     def _make_make_prepped_xfer(self, original: Any) -> Any:
-        handles = self._handles
+        handles, telemetry_agents = self._handles, self._telemetry_agents
 
         def make_prepped_xfer(agent: Any, *args: Any, **kwargs: Any) -> Any:
             handle = original(agent, *args, **kwargs)
             # O(1) and nothing read here: the emitter resolves the lists, sums bytes (or takes
             # NIXL's telemetry). The index arrays are vLLM's per-call objects, kept by reference.
+            # The handle's record is made here, so that posting it only fills it in.
             try:
-                handles[id(handle)] = (handle, agent, args, kwargs, True)
+                raw = (handle, agent, args, kwargs, True)
+                handles[id(handle)] = [
+                    None,
+                    None,
+                    None,
+                    raw,
+                    agent,
+                    None,
+                    None,
+                    None,
+                    id(agent) not in telemetry_agents,
+                ]
             except Exception:
                 logger.debug("railtrace: make_prepped_xfer", exc_info=True)
             return handle
@@ -381,133 +425,150 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         return make_prepped_xfer
 
     def _make_transfer(self, original: Any) -> Any:
-        inflight, handles, queue = self._inflight, self._handles, self._queue
-        telemetry_agents = self._telemetry_agents
-        scope_var = _SCOPE
-        get_current = _context_getter()
+        handles, queue = self._handles, self._queue
+        snapshot = contextvars.copy_context
+        otel_var = _OTEL_CONTEXT_VAR
+        get_current = otel_context.get_current
+        inline = not self._async
 
-        def transfer(agent: Any, *args: Any, **kwargs: Any) -> Any:
-            start = _time_ns()
+        def transfer(agent: Any, handle: Any, notif_msg: bytes = b"") -> Any:
+            # With `cma` the copy runs inside the post and evicts the caches, so whatever the
+            # shim touches afterwards is fetched again: it notes the post by reference before
+            # (one context snapshot, one clock read) and makes two stores after.
+            rec = None
             try:
-                state = original(agent, *args, **kwargs)
-            except Exception as exc:
-                self._failed(agent, args, kwargs, start, exc)
-                raise
-            try:
-                key = id(args[0] if args else kwargs.get("handle"))
-                if key in inflight:  # re-post of the same handle: the previous transfer is over
-                    self._finish(agent, key, inflight.pop(key), None)
-                # The scope's own parent (from trace headers) is resolved on the emitter.
-                posted = (start, scope_var.get(), get_current())
-                if state != "DONE" and state != "ERR":
-                    inflight[key] = posted
-                elif self._async and self._worker is not None:
-                    # Completed inside the post (cma, small transfers): _finish's work, inlined
-                    # because a call frame is what costs most after the copy has cooled the caches.
-                    end = _time_ns()
-                    info = handles.get(key)
-                    tel = None
-                    if state == "DONE" and info is not None and id(agent) in telemetry_agents:
-                        tel = _read_telemetry(agent, info[0])
-                    queue.append((posted, end, state, info, tel, agent))
-                else:
-                    self._finish(agent, key, posted, state)
+                key = id(handle)
+                rec = handles.get(key)
+                if rec is None or rec[0] is not None:  # a handle not seen prepared, or re-posted
+                    rec = self._new_record(agent, key, rec)
+                rec[1] = snapshot()  # the request's scope and trace context, read on the emitter
+                if otel_var is None:  # a runtime context that is not contextvars-based
+                    rec[2] = get_current()
+                rec[0] = _time_ns()
+                if not inline:
+                    queue.append(rec)  # the emitter holds it until it ends
             except Exception:
                 logger.debug("railtrace: transfer", exc_info=True)
+            try:
+                state = original(agent, handle, notif_msg)
+            except Exception as exc:
+                self._raised(rec, exc)
+                raise
+            if state != "PROC" and rec is not None:  # DONE or ERR inside the post (cma, small ones)
+                rec[5] = state  # state, then end: the emitter takes a record once its end is set
+                rec[6] = _time_ns()
+                if inline:
+                    self._ended_inline(rec)
             return state
 
         return transfer
 
     def _make_check_xfer_state(self, original: Any) -> Any:
-        inflight, handles, queue = self._inflight, self._handles, self._queue
-        telemetry_agents = self._telemetry_agents
+        handles = self._handles
+        inline = not self._async
 
-        def check_xfer_state(agent: Any, *args: Any, **kwargs: Any) -> Any:
+        def check_xfer_state(agent: Any, handle: Any) -> Any:
             try:
-                state = original(agent, *args, **kwargs)
+                state = original(agent, handle)
             except Exception as exc:
-                try:
-                    key = id(args[0] if args else kwargs.get("handle"))
-                    posted = inflight.pop(key, None)
-                    if posted is not None:
-                        self._finish(agent, key, posted, _EXC + type(exc).__name__)
-                except Exception:
-                    logger.debug("railtrace: check_xfer_state", exc_info=True)
+                self._raised(handles.get(id(handle)), exc)
                 raise
-            if state == "DONE" or state == "ERR":
+            if state != "PROC":
                 try:
-                    key = id(args[0] if args else kwargs.get("handle"))
-                    posted = inflight.pop(key, None)
-                    if posted is None:
-                        pass
-                    elif self._async and self._worker is not None:  # _finish, inlined (see transfer)
-                        end = _time_ns()
-                        info = handles.get(key)
-                        tel = None
-                        if state == "DONE" and info is not None and id(agent) in telemetry_agents:
-                            tel = _read_telemetry(agent, info[0])
-                        queue.append((posted, end, state, info, tel, agent))
-                    else:
-                        self._finish(agent, key, posted, state)
+                    rec = handles.get(id(handle))
+                    if rec is not None and rec[6] is None and rec[0] is not None:  # not ended yet
+                        rec[5] = state
+                        rec[6] = _time_ns()
+                        if inline:
+                            self._ended_inline(rec)
                 except Exception:
                     logger.debug("railtrace: check_xfer_state", exc_info=True)
             return state
 
         return check_xfer_state
 
-    def _make_release_xfer_handle(self, original: Any) -> Any:
-        inflight, handles = self._inflight, self._handles
+    def _make_get_xfer_telemetry(self, original: Any) -> Any:
+        handles = self._handles
 
-        def release_xfer_handle(agent: Any, *args: Any, **kwargs: Any) -> Any:
+        def get_xfer_telemetry(agent: Any, handle: Any) -> Any:
+            tel = original(agent, handle)
+            # vLLM (0.12 on) reads it right after DONE: the shim keeps that object, no second read.
             try:
-                key = id(args[0] if args else kwargs.get("handle"))
-                posted = inflight.pop(key, None)
-                if posted is not None:
-                    self._finish(agent, key, posted, "RELEASED")
-                handles.pop(key, None)
+                rec = handles.get(id(handle))
+                if rec is not None and rec[6] is not None and rec[7] is None:
+                    rec[7] = tel
+                    rec[8] = True
+            except Exception:
+                logger.debug("railtrace: get_xfer_telemetry", exc_info=True)
+            return tel
+
+        return get_xfer_telemetry
+
+    def _make_release_xfer_handle(self, original: Any) -> Any:
+        handles = self._handles
+
+        def release_xfer_handle(agent: Any, handle: Any) -> Any:
+            try:
+                rec = handles.pop(id(handle), None)
+                if rec is not None and rec[0] is not None and (rec[6] is None or not rec[8]):
+                    if rec[5] == "DONE" and rec[7] is None and rec[6] is not None:
+                        # The caller did not read NIXL's telemetry: read it while the handle lives.
+                        rec[7] = _read_telemetry(agent, handle)
+                    self._close(rec, "RELEASED")
             except Exception:
                 logger.debug("railtrace: release_xfer_handle", exc_info=True)
-            return original(agent, *args, **kwargs)
+            return original(agent, handle)
 
         return release_xfer_handle
 
-    def _failed(self, agent: Any, args: Any, kwargs: Any, start: int, exc: BaseException) -> None:
-        """The post raised: end the transfer's span with the exception's class as its error."""
+    # -- completion (cold paths: re-posts, errors, release, inline mode) ------------------
+    def _new_record(self, agent: Any, key: int, previous: _Record | None) -> _Record:
+        """A record for a handle posted again (the previous transfer is over) or never seen prepared."""
+        if previous is not None:
+            self._close(previous, None)
+        raw = previous[3] if previous is not None else None
+        rec = [None, None, None, raw, agent, None, None, None, id(agent) not in self._telemetry_agents]
+        self._handles[key] = rec
+        return rec
+
+    def _close(self, rec: _Record, state_if_open: str | None) -> None:
+        """No more news for this transfer: end it now if it has not ended (re-post, release, error)."""
+        if rec[6] is None:
+            rec[5] = state_if_open
+            rec[6] = _time_ns()
+            rec[8] = True
+            if not self._async:
+                self._ended_inline(rec)
+        else:
+            rec[8] = True
+
+    def _raised(self, rec: _Record | None, exc: BaseException) -> None:
+        """The post or a poll raised: end the transfer's span with the exception's class as its error."""
         try:
-            key = id(args[0] if args else kwargs.get("handle"))
-            self._inflight.pop(key, None)
-            scope = _SCOPE.get()
-            posted = (start, scope, otel_context.get_current())
-            self._finish(agent, key, posted, _EXC + type(exc).__name__)
+            if rec is not None and rec[0] is not None and rec[6] is None:
+                self._close(rec, _EXC + type(exc).__name__)
         except Exception:
             logger.debug("railtrace: failed transfer", exc_info=True)
 
-    # -- completion -----------------------------------------------------------------------
-    def _finish(self, agent: Any, key: int, posted: _Posted, state: str | None) -> None:
-        """Note completion on the transfer's thread; the span is built once, later, from a snapshot."""
-        end = _time_ns()
-        info = self._handles.get(key)
-        tel = None
-        if state == "DONE" and info is not None and id(agent) in self._telemetry_agents:
-            tel = _read_telemetry(agent, info[0])
-        item = (posted, end, state, info, tel, agent)
-        if self._async:
-            queue = self._queue
-            queue.append(item)
-            if self._worker is None:
+    def _ended_inline(self, rec: _Record) -> None:
+        """`background_emit=False`: the span is built on the transfer's thread when it ends."""
+        try:
+            if rec[5] == "DONE" and rec[7] is None and not rec[8]:
+                raw = rec[3]
+                if raw is not None:
+                    rec[7] = _read_telemetry(rec[4], raw[0])
+            rec[8] = True
+            item = self._resolved(_item(rec))
+            agent_name, op, peer = _ident(item)
+            ev = self.capture.evidence(agent_name or None, op or None, peer=peer or None)
+            if ev is None and self.capture.configured and self._grace_ns > 0:
+                # UCX may not have flushed the table yet: emit later, with the real end time.
+                self._queue.append(item)
                 self._ensure_worker()
-            elif len(queue) >= 256 and not self._wake.is_set():  # else it wakes on its timer, batching
-                self._wake.set()
-            return
-        item = self._resolved(item)
-        agent_name, op, peer = _ident(item)
-        ev = self.capture.evidence(agent_name or None, op or None, peer=peer or None)
-        if ev is None and self.capture.configured and self._grace_ns > 0:
-            # UCX may not have flushed the table yet: emit later, with the real end time.
-            self._queue.append(item)
-            self._ensure_worker()
-            return
-        self._emit(item, ev)
+                return
+            self._emit(item, ev)
+        except Exception:
+            logger.debug("railtrace: kv span dropped", exc_info=True)
 
     def _emit(self, item: tuple[Any, ...], ev: Any, tracer: Any = None) -> None:
         (start, scope, parent), end, state, info, tel, _agent = item
@@ -601,7 +662,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             self._wake.wait(0.05 if busy else 0.5)
             self._wake.clear()
             try:
-                had = bool(self._queue) or bool(self._waiting)
+                had = bool(self._queue) or bool(self._waiting) or bool(self._open)
                 now = time.monotonic()
                 if self.capture.configured and now - last_poll >= 0.5:  # UCX's warnings reach stderr
                     last_poll = now
@@ -613,15 +674,32 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
 
     def flush_deferred(self, final: bool = True) -> int:
         """Emit pending spans whose evidence has arrived (all of them when `final`, or whose grace
-        has passed); returns how many are still waiting."""
+        has passed); returns how many ended transfers are still waiting (not those in flight)."""
         with self._flush_lock:
             queue = self._queue
             items = self._waiting
             self._waiting = []
+            records = self._open
+            self._open = []
             while queue:
-                items.append(self._resolved(queue.popleft()))
+                queued = queue.popleft()
+                if type(queued) is list:
+                    records.append(queued)
+                else:  # an inline-mode span waiting for its UCX evidence
+                    items.append(queued)
+            now = _time_ns()
+            held = 0
+            for rec in records:
+                end = rec[6]
+                if end is None:  # still in flight
+                    self._open.append(rec)
+                elif rec[8] or rec[5] != "DONE" or final or now >= end + self._grace_ns:
+                    items.append(self._resolved(_item(rec)))
+                else:  # ended; its handle still lives and may yet give NIXL's telemetry
+                    self._open.append(rec)
+                    held += 1
             if not items:
-                return len(queue)
+                return held
             configured = self.capture.configured
             if configured:
                 self.capture.poll()  # once per batch
@@ -649,7 +727,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                 except Exception:
                     logger.debug("railtrace: kv span dropped", exc_info=True)
             self._waiting = keep
-            return len(keep) + len(queue)
+            return len(keep) + held
 
     def force_flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every finished transfer's span is emitted (evidence or grace); True if all were."""
@@ -663,8 +741,9 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
 
 
 def _read_telemetry(agent: Any, handle: Any) -> Any:
-    """NIXL's telemetry of a finished transfer, read while the handle is live (converted later, on
-    the emitter). The binding is called directly: `nixl_agent.get_xfer_telemetry` only forwards."""
+    """NIXL's telemetry of a finished transfer the caller did not read, read at its release while
+    the handle is live (converted later, on the emitter). The binding is called directly:
+    `nixl_agent.get_xfer_telemetry` only forwards."""
     try:
         return agent.agent.getXferTelemetry(handle._handle)
     except AttributeError:
@@ -697,6 +776,18 @@ def _telemetry_fields(tel: Any, info: _Handle | None) -> tuple[_Handle | None, d
     return (handle, name, op, nbytes, ndesc, remote, descs), extra
 
 
+def _item(rec: _Record) -> tuple[Any, ...]:
+    """An ended record as the emitter's item: ((post time, scope, parent), end, state, what the
+    handle moves, telemetry, agent). Scope and parent are read from the post's context snapshot."""
+    snap, parent = rec[1], rec[2]
+    scope = None
+    if snap is not None:
+        scope = snap.get(_SCOPE)
+        if parent is None and _OTEL_CONTEXT_VAR is not None:
+            parent = snap.get(_OTEL_CONTEXT_VAR)
+    return ((rec[0], scope, parent), rec[6], rec[5], rec[3], rec[7], rec[4])
+
+
 def _ident(item: tuple[Any, ...]) -> tuple[str, str, str]:
     """(agent name, operation, peer agent) of a queued transfer: the key of its UCX evidence."""
     info = item[3]
@@ -721,18 +812,22 @@ def _prepped_bytes(lengths: Any, indices: Any) -> int | None:
         return None
 
 
-def _context_getter() -> Any:
-    """How the patches read the current context: straight from the SDK's ContextVar when that is
-    the runtime context in use (one C call instead of two Python frames), else the public API."""
+def _otel_context_var() -> contextvars.ContextVar[Any] | None:
+    """The SDK's ContextVar holding the current OpenTelemetry context, when that is the runtime
+    context in use: the patches then take one snapshot of the thread's context (request scope and
+    trace context at once) and the emitter reads both from it. None for another runtime context."""
     try:
         from opentelemetry.context import _RUNTIME_CONTEXT
 
         var = getattr(_RUNTIME_CONTEXT, "_current_context", None)
         if isinstance(var, contextvars.ContextVar) and isinstance(var.get(), otel_context.Context):
-            return var.get
+            return var
     except Exception:
         pass
-    return otel_context.get_current
+    return None
+
+
+_OTEL_CONTEXT_VAR = _otel_context_var()
 
 
 def _op(op: Any) -> str:

@@ -44,8 +44,9 @@ from railtrace_tracing._common import logger
 from railtrace_tracing.kv_transfer.instrumentor import _SCOPE, TransferScope, kv_transfer_scope
 
 SUPPORTED = ("0.11.0", "0.34.0")  # oldest and newest release; every release between was read
-# The releases CI checks against their wheels: the oldest, each side of every layout change, the newest.
-MATRIX = ("0.11.0", "0.12.0", "0.13.0", "0.19.1", "0.20.0", "0.23.0", "0.24.0", "0.34.0")
+# The releases CI checks against their wheels: the oldest, each side of every layout change, the newest,
+# and 0.21.0, the release llm-d v0.9.0 to HEAD pin.
+MATRIX = ("0.11.0", "0.12.0", "0.13.0", "0.19.1", "0.20.0", "0.21.0", "0.23.0", "0.24.0", "0.34.0")
 OLD_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector"
 PACKAGE = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 _ATTR = "_railtrace_trace_headers"
