@@ -47,7 +47,6 @@ def kv_spans(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in result["spans"] if s["name"] == sc.SPAN_KV_TRANSFER]
 
 
-
 def run_nixl_module(module: str, tmp_path: Path, **extra_env: str) -> subprocess.CompletedProcess[str]:
     """Run a NIXL test module in its own process, over loopback, with none of this process's
     UCX, NIXL or railtrace settings, and its UCX log under `tmp_path`."""
@@ -62,6 +61,7 @@ def run_nixl_module(module: str, tmp_path: Path, **extra_env: str) -> subprocess
         capture_output=True,
         text=True,
     )
+
 
 def test_default_transports_give_shm_cma(tmp_path: Path) -> None:
     result = run_loopback(tmp_path, "READ")
