@@ -130,7 +130,11 @@ def _ready_index(engine: Engine) -> tuple[set[str], str]:
         if engine.dialect.name == "sqlite":
             query = "SELECT sql FROM sqlite_master WHERE name = 'ix_traces_ready'"
         else:
-            query = "SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_traces_ready'"
+            # This test's schema only: other schemas of the shared server hold the same name.
+            query = (
+                "SELECT indexdef FROM pg_indexes"
+                " WHERE indexname = 'ix_traces_ready' AND schemaname = current_schema()"
+            )
         sql = conn.exec_driver_sql(query).scalar()
     return names, sql
 
