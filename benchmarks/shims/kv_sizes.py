@@ -12,16 +12,17 @@ until DONE → `get_xfer_telemetry` (with telemetry, as vLLM ≥ 0.12) → `rele
 vLLM's order (0.34.0 `nixl/pull_worker.py`, `base_worker.py` `_pop_done_transfers`). Agents are created with
 `capture_telemetry=True` (what vLLM ≥ 0.13 does) unless `--no-telemetry`.
 
-Modes alternate block by block on the same agents and endpoints: `off` (the shim's class
-patches removed) and `on` (patched, background emitter, UCX evidence). With `cma` the copy runs
-inside `transfer()` on the calling thread, so the thread's CPU per transfer is the copy (ms) and
-its noise hides a µs-scale shim. The benchmark therefore puts a timer *under* the shim: each NIXL
-method is wrapped by a timing function before the shim patches it, so on the calling thread
-(vLLM's engine thread) `outer − inner` of every call is the wrapper's own CPU
-(`time.thread_time_ns`); `added` = (outer − inner) with the shim − (outer − inner) without it
-(the timer's own cost cancels), summed over the calls of one transfer (prep, post, completing
-poll, release; intermediate `PROC` polls are reported per poll). Median and p99 over transfers;
-share = added median / the transfer's wall time (post to DONE) without the shim. The CPU railtrace's
+Modes alternate block by block on the same agents and endpoints: `off` (the shim's class patches
+removed), `bare` (the peer: the same five methods patched by functions that only call through, the
+floor of any Python-level patch) and `on` (patched, background emitter, UCX evidence). With `cma`
+the copy runs inside `transfer()` on the calling thread, so the thread's CPU per transfer is the
+copy (ms) and its noise hides a µs-scale shim. The benchmark therefore puts a timer *under* the
+shim: each NIXL method is wrapped by a timing function before the shim patches it, so on the
+calling thread (vLLM's engine thread) `outer − inner` of every call is the wrapper's own CPU
+(`time.thread_time_ns`); `added` = (outer − inner) with the shim − (outer − inner) without it (the
+timer's own cost cancels), summed over the calls of one transfer (prep, post, completing poll,
+release; intermediate `PROC` polls are reported per poll). Median and p99 over transfers; share =
+added median / the transfer's wall time (post to DONE) without the shim. The CPU railtrace's
 emitter thread spends per transfer (evidence lookup, the span and its attributes, handing it to
 the SDK's batch processor) is read from its own thread clock over the `on` blocks; the batch
 processor's export runs on the SDK's thread and is not counted.
@@ -42,6 +43,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 MIB = 1 << 20
+MODES = ("off", "bare", "on")
+HOT_CALLS = ("make_prepped_xfer", "transfer", "check_xfer_state", "get_xfer_telemetry", "release_xfer_handle")
 CONFIGS = (
     (4096, 1),  # a copy too small to evict the caches: the shim's warm cost on real NIXL
     (1 * MIB, 8192),
@@ -106,13 +109,7 @@ def run(transfers: int, block: int, telemetry: bool, sizes: set[float] | None = 
 
     inner: list[int] = [0]  # CPU of the last real NIXL call (set by the timers under the shim)
     cls0 = _api.nixl_agent
-    for name in (
-        "make_prepped_xfer",
-        "transfer",
-        "check_xfer_state",
-        "get_xfer_telemetry",
-        "release_xfer_handle",
-    ):
+    for name in HOT_CALLS:
         real = getattr(cls0, name)
 
         def timed(agent: Any, *a: Any, _real: Any = real, **k: Any) -> Any:
@@ -134,9 +131,22 @@ def run(transfers: int, block: int, telemetry: bool, sizes: set[float] | None = 
     patched = {n: cls.__dict__[n] for n in mod._METHODS if n in cls.__dict__}
     originals = {n: getattr(f, mod._PATCH_MARK)[1] for n, f in patched.items()}
 
+    def passthrough(original: Any) -> Any:
+        def bare(agent: Any, *a: Any, **k: Any) -> Any:
+            return original(agent, *a, **k)
+
+        return bare
+
+    # The peer: the same five methods patched by functions that only call through, the least any
+    # Python-level patch costs (its frames, run on the caches the copy left).
+    bare = {n: passthrough(originals[n]) for n in HOT_CALLS if n in originals}
+
     def set_mode(mode: str) -> None:
         for name in patched:
-            setattr(cls, name, patched[name] if mode == "on" else originals[name])
+            fn = (
+                patched[name] if mode == "on" else bare.get(name, originals[name]) if mode == "bare" else None
+            )
+            setattr(cls, name, fn or originals[name])
 
     largest = max(size for size, _ in CONFIGS)
     conf = _api.nixl_agent_config(
@@ -161,10 +171,10 @@ def run(transfers: int, block: int, telemetry: bool, sizes: set[float] | None = 
             )
             remote = agent.prep_xfer_dlist(peer, [(raddr + i * bs, bs, 0) for i in range(nblocks)], "DRAM")
             idx = np.arange(nblocks, dtype=np.int64)
-            cpu: dict[str, list[int]] = {"off": [], "on": []}
-            wall: dict[str, list[int]] = {"off": [], "on": []}
-            polls: dict[str, list[tuple[int, int]]] = {"off": [], "on": []}
-            per_call: dict[str, dict[str, list[int]]] = {"off": {}, "on": {}}
+            cpu: dict[str, list[int]] = {m: [] for m in MODES}
+            wall: dict[str, list[int]] = {m: [] for m in MODES}
+            polls: dict[str, list[tuple[int, int]]] = {m: [] for m in MODES}
+            per_call: dict[str, dict[str, list[int]]] = {m: {} for m in MODES}
             n = 0
 
             def call(fn: Any, *a: Any) -> tuple[Any, int]:
@@ -220,7 +230,7 @@ def run(transfers: int, block: int, telemetry: bool, sizes: set[float] | None = 
                 one("on", -1 - w)
             bg = 0
             while n < transfers:
-                for mode in ("off", "on"):
+                for mode in MODES:
                     set_mode(mode)
                     if mode == "on":
                         b0 = emitter_cpu(inst)
@@ -241,7 +251,7 @@ def run(transfers: int, block: int, telemetry: bool, sizes: set[float] | None = 
                 "blocks": nblocks,
                 "transfers_per_mode": transfers,
             }
-            for mode in ("off", "on"):
+            for mode in MODES:
                 np_, pc = sum(p for p, _ in polls[mode]), sum(c for _, c in polls[mode])
                 r[mode] = {
                     "cpu_us_median": statistics.median(cpu[mode]) / 1e3,
@@ -260,6 +270,11 @@ def run(transfers: int, block: int, telemetry: bool, sizes: set[float] | None = 
             r["added_cpu_us_median"] = (statistics.median(cpu["on"]) - statistics.median(cpu["off"])) / 1e3
             r["added_cpu_us_p99"] = pct(added, 0.99) / 1e3
             r["added_share_pct"] = 100 * r["added_cpu_us_median"] / r["off"]["wall_us_median"]
+            # What five call-through patches cost on the same caches, and the shim above that floor.
+            r["passthrough_cpu_us_median"] = (
+                statistics.median(cpu["bare"]) - statistics.median(cpu["off"])
+            ) / 1e3
+            r["shim_over_passthrough_us_median"] = r["added_cpu_us_median"] - r["passthrough_cpu_us_median"]
             r["emitter_cpu_us_per_transfer"] = bg / n / 1e3
             results.append(r)
             print(json.dumps(r), file=sys.stderr)

@@ -4,6 +4,7 @@ NIXL telemetry, inline emission — and that uninstrument() puts the class back 
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import types
@@ -36,6 +37,7 @@ class FakeAgent:
     def __init__(self, name: str, nixl_conf: Any = None) -> None:
         self.name = name
         self.script: list[str] = ["DONE"]
+        self._last = "PROC"
         self.telemetry_reads: list[int] = []  # the thread of each get_xfer_telemetry call
 
     def add_remote_agent(self, metadata: bytes) -> bytes:
@@ -59,7 +61,9 @@ class FakeAgent:
         return self._next()
 
     def _next(self) -> str:
-        state = self.script.pop(0)
+        # NIXL keeps a handle's state: once the script is used up, a poll gets the last one again.
+        state = self.script.pop(0) if self.script else self._last
+        self._last = state
         if state.startswith("raise:"):  # NIXL raises nixlBackendError & co. on a failed post/poll
             raise type(state[6:], (RuntimeError,), {})("backend failure")
         return state
@@ -303,3 +307,20 @@ def test_the_emitter_emits_on_its_own_without_force_flush(traced: Any) -> None:
             time.sleep(0.01)
         assert len(traced[1].get_finished_spans()) == round_ + 1
         time.sleep(0.2)
+
+
+def test_a_failure_seen_by_the_poll_survives_the_release(traced: Any) -> None:
+    """vLLM ≥ 0.12 releases a failed handle (`_handle_failed_transfer`): the span keeps the poll's
+    ERR or exception, not a release-before-done."""
+    inst, cls = _start(traced)
+    agent = cls("dec-0")
+    for script in (["PROC", "ERR"], ["PROC", "raise:nixlRemoteDisconnectError"]):
+        h = agent.initialize_xfer("READ", [(0, 10, 0)], [(0, 10, 0)], "peer")
+        agent.script = list(script)
+        agent.transfer(h)
+        with contextlib.suppress(RuntimeError):
+            agent.check_xfer_state(h)
+        agent.script = ["DONE"]  # whatever NIXL would say now, the failure was already noted
+        agent.release_xfer_handle(h)
+    errors = sorted(s.attributes[sc.ERROR_TYPE] for s in _spans(inst, traced[1]))
+    assert errors == ["nixlRemoteDisconnectError", "nixl_xfer_err"]
