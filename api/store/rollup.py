@@ -1,4 +1,5 @@
-"""The per-hour stats rollup (`stats_hourly`): its key encoding, its upkeep and its rebuild.
+"""The per-hour rollups: `stats_hourly` (counts and sums) and `ttft_hourly` (TTFT histograms):
+their key encoding, their upkeep and their rebuild.
 
 Stats over a day used to aggregate every request of the day (linear in traffic: over a second
 at 400,000 requests a day). The rollup holds, per hour, group and dimension, the request count
@@ -38,7 +39,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from railtrace.store.schema import request_flags, requests, stats_hourly
+from railtrace.store.schema import request_flags, requests, stats_hourly, ttft_hourly
 
 HOUR_NS = 3_600 * 10**9
 DIMENSIONS = ("flag", "path_class", "pair", "coverage")
@@ -60,6 +61,45 @@ REQUEST_COLUMNS = (
 )
 
 Key = tuple[str, int, str, str, str, int]  # KEY_COLUMNS
+
+# -- TTFT histograms (`ttft_hourly`, read by `quantiles.py`) ------------------------------------
+# Buckets are DDSketch's (Masson et al., VLDB 2019): bucket i holds (γ^(i-1), γ^i] with
+# γ = (1 + α) / (1 - α) and answers 2γ^i / (γ + 1), within α of every value in it.
+RELATIVE_ERROR = 0.01
+GAMMA = (1 + RELATIVE_ERROR) / (1 - RELATIVE_ERROR)
+_LOG_GAMMA = math.log(GAMMA)
+MIN_TTFT_S = 1e-6  # this and below (zero included): one bucket, answered as 0
+ZERO_BUCKET = -10_000
+NO_TTFT = -10_001  # a request without a first token: counted among the requests, no value
+TTFT_DIMENSIONS = ("path_class", "pairing_level")
+TTFT_KEY_COLUMNS = ("dimension", "hour_ns", "key", "key_null", "bucket")
+TtftKey = tuple[str, int, str, int, int]  # TTFT_KEY_COLUMNS
+
+
+def bucket_of(ttft_s: float | None) -> int:
+    if ttft_s is None or math.isnan(ttft_s):
+        return NO_TTFT
+    if ttft_s <= MIN_TTFT_S:
+        return ZERO_BUCKET
+    return math.ceil(math.log(ttft_s) / _LOG_GAMMA)
+
+
+def bucket_value(bucket: int) -> float:
+    """The value a bucket answers: within `RELATIVE_ERROR` of each value it holds."""
+    if bucket == ZERO_BUCKET:
+        return 0.0
+    return 2 * GAMMA**bucket / (GAMMA + 1)
+
+
+def ttft_keys(
+    start_ns: int, ttft_s: float | None, path_class: str | None, level: str | None
+) -> list[TtftKey]:
+    """The two histogram rows a request counts in: its path class's and its pairing level's."""
+    hour, bucket = hour_of(start_ns), bucket_of(ttft_s)
+    return [
+        (dim, hour, value or "", int(value is None), bucket)
+        for dim, value in (("path_class", path_class), ("pairing_level", level))
+    ]
 
 
 def hour_of(ns: int) -> int:
@@ -89,6 +129,7 @@ class RollupDelta:
 
     def __init__(self) -> None:
         self._d: dict[Key, list[Any]] = {}
+        self._ttft: dict[TtftKey, int] = {}
 
     def _add(self, key: Key, sign: int, ttft: float | None, kv: float | None) -> None:
         acc = self._d.setdefault(key, [0, [], 0, [], 0])
@@ -109,6 +150,8 @@ class RollupDelta:
         self._add(("pair", hour, *encode_key(pair)), sign, ttft, kv)
         coverage = [row["coverage"], row["resolution"]]
         self._add(("coverage", hour, *encode_key(coverage)), sign, ttft, kv)
+        for key in ttft_keys(row["start_ns"], ttft, row["path_class"], row["pairing_level"]):
+            self._ttft[key] = self._ttft.get(key, 0) + sign
 
     def flag(self, flag: str, start_ns: int, request: Any, sign: int) -> None:
         """A flag row of `request` (its request row, for the averaged columns)."""
@@ -140,16 +183,27 @@ class RollupDelta:
                 out.append(dict(zip(KEY_COLUMNS + SUM_COLUMNS, key + values, strict=True)))
         return out
 
+    def ttft_rows(self) -> list[dict[str, Any]]:
+        """The non-zero histogram changes as upsert parameters, sorted by key."""
+        return [
+            dict(zip(TTFT_KEY_COLUMNS, k, strict=True), request_count=n)
+            for k, n in sorted(self._ttft.items())
+            if n
+        ]
+
     def apply(self, conn: Connection) -> None:
-        """Add the changes to `stats_hourly`; delete the rows whose count reached zero."""
-        rows = self.rows()
-        if not rows:
-            return
-        add, drop = _statements(conn.dialect.name)
-        conn.execute(add, rows)
-        emptied = [{f"k_{k}": r[k] for k in KEY_COLUMNS} for r in rows if r["request_count"] < 0]
-        if emptied:
-            conn.execute(drop, emptied)
+        """Add the changes to `stats_hourly` and `ttft_hourly`; delete the rows whose count
+        reached zero."""
+        for rows, (add, drop), key_columns in (
+            (self.rows(), _statements(conn.dialect.name), KEY_COLUMNS),
+            (self.ttft_rows(), _ttft_statements(conn.dialect.name), TTFT_KEY_COLUMNS),
+        ):
+            if not rows:
+                continue
+            conn.execute(add, rows)
+            emptied = [{f"k_{k}": r[k] for k in key_columns} for r in rows if r["request_count"] < 0]
+            if emptied:
+                conn.execute(drop, emptied)
 
 
 @functools.cache
@@ -164,6 +218,39 @@ def _statements(dialect: str) -> tuple[Any, Any]:
     )
     drop = delete(t).where(*(t.c[k] == bindparam(f"k_{k}") for k in KEY_COLUMNS), t.c.request_count <= 0)
     return add, drop
+
+
+@functools.cache
+def _ttft_statements(dialect: str) -> tuple[Any, Any]:
+    t = ttft_hourly
+    add = (pg_insert if dialect == "postgresql" else sqlite_insert)(t)
+    add = add.on_conflict_do_update(
+        index_elements=[t.c[k] for k in TTFT_KEY_COLUMNS],
+        set_={"request_count": t.c.request_count + add.excluded.request_count},
+    )
+    drop = delete(t).where(*(t.c[k] == bindparam(f"k_{k}") for k in TTFT_KEY_COLUMNS), t.c.request_count <= 0)
+    return add, drop
+
+
+def rebuild_ttft(conn: Connection, batch: int = 20_000) -> int:
+    """Recompute `ttft_hourly` from the request rows (migration 0011's backfill, and `rebuild`).
+
+    A bucket needs a logarithm, which SQLite may be built without, so the rows stream through
+    Python on the covering index `ix_requests_start_ttft` and are counted here. Returns the
+    number of requests counted."""
+    conn.execute(delete(ttft_hourly))
+    r = requests
+    counts: dict[TtftKey, int] = {}
+    stmt = select(r.c.start_ns, r.c.ttft_s, r.c.path_class, r.c.pairing_level)
+    n = 0
+    for row in conn.execute(stmt.execution_options(yield_per=batch)):
+        n += 1
+        for key in ttft_keys(*row):
+            counts[key] = counts.get(key, 0) + 1
+    rows = [dict(zip(TTFT_KEY_COLUMNS, k, strict=True), request_count=c) for k, c in sorted(counts.items())]
+    for i in range(0, len(rows), batch):
+        conn.execute(insert(ttft_hourly), rows[i : i + batch])
+    return n
 
 
 def _hour_sql(start_ns: Any) -> Any:
@@ -223,6 +310,8 @@ def rebuild(conn: Connection) -> None:
         queries.pop()  # migration 0003's backfill runs before 0009 added the coverage columns
     for q in queries:
         conn.execute(insert(stats_hourly).from_select([*KEY_COLUMNS, *SUM_COLUMNS], q))
+    if inspect(conn).has_table("ttft_hourly"):  # migration 0003's backfill runs before 0011
+        rebuild_ttft(conn)
 
 
 def read(

@@ -187,3 +187,29 @@ stats_hourly = Table(
     Column("kv_sum", Float, nullable=False),
     Column("kv_n", BigInteger, nullable=False),
 )
+
+# Per-hour TTFT histograms (see `quantiles.py`), kept in the same transactions as the request rows
+# (`rollup.RollupDelta`), so the overview's quantiles over a day read a few thousand bucket rows
+# instead of every request. One row per (dimension, hour, group, bucket): `dimension` is
+# `path_class` or `pairing_level`, `key` the group's value ('' with `key_null` = 1 for NULL),
+# `bucket` the log bucket of the TTFT (relative error ≤ 1 %; `quantiles.NO_TTFT` counts the
+# requests without a first token).
+ttft_hourly = Table(
+    "ttft_hourly",
+    metadata,
+    Column("dimension", String(16), primary_key=True),
+    Column("hour_ns", BigInteger, primary_key=True, autoincrement=False),
+    Column("key", String(256), primary_key=True),
+    Column("key_null", Integer, primary_key=True, autoincrement=False),
+    Column("bucket", Integer, primary_key=True, autoincrement=False),
+    Column("request_count", BigInteger, nullable=False),
+)
+# The partial hours at a window's edges read the request rows: this index holds all they need,
+# so the read never visits a row (each row carries its whole summary: a page read apiece).
+Index(
+    "ix_requests_start_ttft",
+    requests.c.start_ns,
+    requests.c.path_class,
+    requests.c.pairing_level,
+    requests.c.ttft_s,
+)

@@ -22,8 +22,9 @@ from railtrace.model import Flag, KVSummary, RequestSummary, rfc3339
 from railtrace.store import Store, make_engine, migrate
 from railtrace.store import rollup as rollup_module
 from railtrace.store.engine import alembic_config
-from railtrace.store.rollup import HOUR_NS
-from railtrace.store.schema import request_flags, requests, stats_hourly, traces
+from railtrace.store.quantiles import quantile, ttft_quantiles
+from railtrace.store.rollup import HOUR_NS, RELATIVE_ERROR
+from railtrace.store.schema import request_flags, requests, stats_hourly, traces, ttft_hourly
 
 T0 = 1_790_000_000 // 86_400 * 86_400 * 10**9  # a midnight, UTC
 DAYS = 3
@@ -226,6 +227,53 @@ def mismatches(engine: Engine, rng: random.Random) -> list[str]:
     return bad
 
 
+def ttft_reference(engine: Engine, dim: str, since: int | None, until: int | None) -> dict[Any, Any]:
+    """Per group: requests, with a TTFT, and the exact nearest-rank p50/p90/p99 of the rows."""
+    with engine.connect() as conn:
+        rows = conn.execute(select(requests.c.start_ns, requests.c.ttft_s, requests.c[dim])).all()
+    groups: dict[Any, list[Any]] = {}
+    for start, ttft, key in rows:
+        if (since is None or start >= since) and (until is None or start < until):
+            g = groups.setdefault(key, [0, []])
+            g[0] += 1
+            if ttft is not None:
+                g[1].append(ttft)
+    return {
+        k: (n, len(v), *(quantile(sorted(v), q) if v else None for q in (0.5, 0.9, 0.99)))
+        for k, (n, v) in groups.items()
+    }
+
+
+def ttft_mismatches(engine: Engine, rng: random.Random) -> list[str]:
+    store = Store(engine)
+    bad = []
+    for since, until in windows(rng):
+        body = ttft_quantiles(store, since, until)
+        for dim in ("path_class", "pairing_level"):
+            got = {
+                g[dim]: (g["requests"], g["with_ttft"], g["ttft_s_p50"], g["ttft_s_p90"], g["ttft_s_p99"])
+                for g in body[dim]
+            }
+            want = ttft_reference(engine, dim, since, until)
+            ok = got.keys() == want.keys() and all(
+                got[k][:2] == want[k][:2]
+                and all(
+                    (a is None) == (b is None) and (a is None or abs(a - b) <= RELATIVE_ERROR * b)
+                    for a, b in zip(got[k][2:], want[k][2:], strict=True)
+                )
+                for k in want
+            )
+            if not ok:
+                bad.append(f"{dim} [{since}, {until}): got {got}, want {want}")
+    return bad
+
+
+def ttft_rows(engine: Engine) -> dict[tuple[Any, ...], int]:
+    t = ttft_hourly
+    with engine.connect() as conn:
+        return {tuple(r[:5]): r[5] for r in conn.execute(select(t))}
+
+
 def rollup_rows(engine: Engine) -> dict[tuple[Any, ...], tuple[Any, ...]]:
     t = stats_hourly
     with engine.connect() as conn:
@@ -254,6 +302,20 @@ def test_stats_from_the_rollup_equal_the_request_rows(engine: Engine, seed: int)
         assert close(kept[k][1], ttft) and close(kept[k][3], kv)
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_ttft_quantiles_from_the_histograms_match_the_request_rows(engine: Engine, seed: int) -> None:
+    """Counts exactly, p50/p90/p99 within 1 % of the rows' own nearest rank, over the same
+    windows (edges inside hours, whole days, open ends); the kept histograms equal a rebuild."""
+    rng = random.Random(seed)
+    run_history(engine, rng)
+    assert ttft_mismatches(engine, rng) == []
+    kept = ttft_rows(engine)
+    assert kept and all(n > 0 for n in kept.values()), "buckets that reached zero are gone"
+    with engine.begin() as conn:
+        assert rollup_module.rebuild_ttft(conn) > 0
+    assert ttft_rows(engine) == kept
+
+
 def test_the_comparison_fails_when_replaced_rows_are_not_subtracted(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -262,6 +324,7 @@ def test_the_comparison_fails_when_replaced_rows_are_not_subtracted(
     rng = random.Random(1)
     run_history(engine, rng)
     assert mismatches(engine, rng)
+    assert ttft_mismatches(engine, rng)
 
 
 def test_a_removed_group_leaves_no_row(engine: Engine) -> None:
@@ -271,7 +334,7 @@ def test_a_removed_group_leaves_no_row(engine: Engine) -> None:
     store.save_assembly([random_summary(rng, "a" * 32)], {}, (), 1)
     assert rollup_rows(engine)
     assert store.delete_older_than(1) == 1
-    assert rollup_rows(engine) == {}
+    assert rollup_rows(engine) == {} and ttft_rows(engine) == {}
     assert all(store.stats(g, None, None) == [] for g in GROUPS)
 
 
@@ -305,6 +368,7 @@ def test_backfill_of_a_database_with_requests(new_database: Callable[[str], str]
     try:
         # Rows stored before 0009 have no coverage, so only the older dimensions can match.
         assert before_coverage(rollup_rows(old)).keys() == before_coverage(rollup_rows(kept)).keys()
+        assert ttft_rows(old) == ttft_rows(kept)  # 0011's backfill: what upkeep kept all along
         for since, until in windows(rng):
             for g in GROUPS:
                 got = answered(Store(old), g, since, until)
@@ -315,6 +379,7 @@ def test_backfill_of_a_database_with_requests(new_database: Callable[[str], str]
             command.downgrade(cfg, "0002")
         with old.connect() as conn:
             assert not old.dialect.has_table(conn, "stats_hourly")
+            assert not old.dialect.has_table(conn, "ttft_hourly")
     finally:
         old.dispose()
         kept.dispose()

@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from railtrace.server.deps import RuntimeDep
 from railtrace.server.routers.v1.params import TimeParam, check_range, to_ns
-from railtrace.store.quantiles import MAX_ROWS, ttft_quantiles
+from railtrace.store.quantiles import ttft_quantiles
 
 router = APIRouter(tags=["stats"])
 
@@ -41,7 +41,7 @@ async def stats(
 
 @router.get(
     "/stats/ttft",
-    summary=f"TTFT p50/p90/p99 per path class and pairing level (newest {MAX_ROWS:,} requests of the window)",
+    summary="TTFT p50/p90/p99 per path class and pairing level over the window (within 1 %)",
 )
 async def ttft_stats(
     rt: RuntimeDep,

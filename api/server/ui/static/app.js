@@ -134,9 +134,8 @@ async function overview(main, params) {
   ]);
   const qOf = (key, value) => quant[key].find((g) => (g[key] || "unknown") === value) || {};
   const qCells = (g) => ["ttft_s_p50", "ttft_s_p90", "ttft_s_p99"].map((k) => h("td", { class: "num" }, secs(g[k])));
-  const qNote = (q) => q.truncated
-    ? h("p", { class: "muted" }, `TTFT quantiles over the newest ${q.rows.toLocaleString()} requests (since ${new Date(q.from_ns / 1e6).toISOString().slice(11, 19)} UTC).`)
-    : "";
+  const qNote = (q) => h("p", { class: "muted" },
+    `TTFT quantiles over all ${q.rows.toLocaleString()} requests of the window, within ${Math.round((q.relative_error || 0) * 100)} %.`);
   const total = byPath.groups.reduce((a, g) => a + g.requests, 0);
   const flagged = Object.fromEntries(byFlag.groups.map((g) => [g.flag, g.requests]));
   const sinceIso = new Date(since * 1000).toISOString();
