@@ -131,6 +131,9 @@ def main() -> None:
             "requests, newest": ["/requests"],
             "requests, flag + node + 1 h": [filtered],
             "requests, 10 pages deep": [f"{filtered}&cursor={cursor}" if cursor else filtered],
+            # Slowest first over the whole history kept (migration 0010's partial indexes).
+            "requests, slowest TTFT": ["/requests?order=ttft"],
+            "requests, flag, slowest KV time": [f"/requests?flag={info['flag']}&order=kv_time"],
             "one request": [
                 f"/requests/{t}" for t in rng.sample(info["ids"], min(len(info["ids"]), args.repeat))
             ],
