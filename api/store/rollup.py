@@ -98,7 +98,7 @@ def ttft_keys(
     hour, bucket = hour_of(start_ns), bucket_of(ttft_s)
     return [
         (dim, hour, value or "", int(value is None), bucket)
-        for dim, value in (("path_class", path_class), ("pairing_level", level))
+        for dim, value in zip(TTFT_DIMENSIONS, (path_class, level), strict=True)
     ]
 
 
