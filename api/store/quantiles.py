@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, Select, func, select
 
 from railtrace.store.rollup import NO_TTFT, RELATIVE_ERROR, bucket_of, bucket_value, hour_of
 from railtrace.store.schema import requests, ttft_hourly
@@ -60,14 +60,18 @@ def _hourly(conn: Connection, since_ns: int | None, until_ns: int | None) -> Ite
         yield dim, None if null else key, bucket, int(n)
 
 
-def _raw(conn: Connection, since_ns: int, until_ns: int) -> Iterable[tuple[Any, ...]]:
-    """The request rows of [since_ns, until_ns) as bucket counts, read from the covering index."""
+def edge_statement(since_ns: int, until_ns: int) -> Select[tuple[Any, Any, Any]]:
+    """What a partial hour needs of its requests: every column is in `ix_requests_start_ttft`."""
     r = requests
-    stmt = select(r.c.path_class, r.c.pairing_level, r.c.ttft_s).where(
+    return select(r.c.path_class, r.c.pairing_level, r.c.ttft_s).where(
         r.c.start_ns >= since_ns, r.c.start_ns < until_ns
     )
+
+
+def _raw(conn: Connection, since_ns: int, until_ns: int) -> Iterable[tuple[Any, ...]]:
+    """The request rows of [since_ns, until_ns) as bucket counts, read from the covering index."""
     counts: Counter[tuple[str, str | None, int]] = Counter()
-    for path_class, level, ttft in conn.execute(stmt):
+    for path_class, level, ttft in conn.execute(edge_statement(since_ns, until_ns)):
         bucket = bucket_of(ttft)
         counts[("path_class", path_class, bucket)] += 1
         counts[("pairing_level", level, bucket)] += 1

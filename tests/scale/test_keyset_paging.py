@@ -205,3 +205,19 @@ def test_migration_0010_fills_the_flag_rows_sort_keys_and_back(db_url: str) -> N
     assert not {n for n in names if n.endswith(("_ttft", "_kv_time"))}, names
     assert names >= {"ix_requests_start", "ix_requests_path_class", "ix_request_flags_trace"}
     engine.dispose()
+
+
+def test_the_ttft_quantiles_edge_hours_read_only_the_covering_index(large_store: Store) -> None:
+    """A window's partial hours read (start, path class, pairing level, TTFT) of their requests
+    from `ix_requests_start_ttft` alone: no row (each carries its whole summary) is visited."""
+    from railtrace.store.quantiles import edge_statement
+
+    if not large_store.sqlite:  # as autovacuum leaves a table: its visibility map set
+        with large_store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("VACUUM ANALYZE requests")
+    stmt = edge_statement(T0 + 100 * 10**9, T0 + 700 * 10**9)
+    text = "\n".join(query_plan(large_store, stmt, {}))
+    if large_store.sqlite:
+        assert "USING COVERING INDEX ix_requests_start_ttft" in text, text
+    else:
+        assert "Index Only Scan using ix_requests_start_ttft" in text, text

@@ -4,6 +4,8 @@ The overview's TTFT quantiles read the newest 5,000 request rows of the window, 
 day they described its last minutes. Every request now counts in a log bucket of its TTFT, per
 hour and per path class and pairing level (`rollup.py`), and a window's partial hours read
 (start, path class, pairing level, TTFT) from `ix_requests_start_ttft` without visiting a row.
+Its key starts as the list's start order does (start_ns, trace_id): were path_class second, the
+planner would take it for `?path_class=` pages and sort their ties of start time.
 The histograms are backfilled from the request rows already stored.
 
 Revision ID: 0011
@@ -33,7 +35,9 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("dimension", "hour_ns", "key", "key_null", "bucket"),
     )
     op.create_index(
-        "ix_requests_start_ttft", "requests", ["start_ns", "path_class", "pairing_level", "ttft_s"]
+        "ix_requests_start_ttft",
+        "requests",
+        ["start_ns", "trace_id", "path_class", "pairing_level", "ttft_s"],
     )
     rollup.rebuild_ttft(op.get_bind())
 
