@@ -25,6 +25,19 @@ from railtrace.contract.report import (
     rollup,
     worst,
 )
+from railtrace.topology.k8s_keys import (
+    DRANET_NUMA_NODE,
+    EKS_BLOCK_LABEL,
+    EKS_ULTRASERVER_LABEL,
+    GCE_BLOCK_LABEL,
+    GCE_HOST_LABEL,
+    GCE_NETWORK_NAME,
+    GCE_SUBBLOCK_LABEL,
+    HOSTNAME_LABEL,
+    NVIDIA_CLIQUE_LABEL,
+    PCIE_ROOT,
+    ROLE_LABEL,
+)
 from railtrace.topology.model import (
     ALIGNED,
     GPU,
@@ -38,23 +51,16 @@ from railtrace.topology.model import (
 )
 from railtrace_tracing.semconv import FlagName, Obligation, Transport
 
-ROLE_LABEL = "llm-d.ai/role"
 ROLES = ("prefill", "decode")
 UNASSIGNED = "unassigned"
 REQUEST_LINK = "/api/v1/requests/{trace_id}"
 
 # Names an operator searches for when an attribute is missing (reference §2-3).
-PCIE_ROOT_ATTR = "resource.kubernetes.io/pcieRoot"
-NUMA_ATTR = "dra.net/numaNode"
 GPU_NUMA_SOURCES = "GPU NUMA (nvidia-smi topo -m or railtrace topology)"
-RAIL_ATTRS = "rail or network (gce.dra.net/networkName, railtrace topology rail)"
-BLOCK_LABEL = "cloud.google.com/gce-topology-block (EKS: topology.k8s.aws/network-node-layer-3)"
-SUBBLOCK_LABEL = (
-    "cloud.google.com/gce-topology-subblock (or an NVLink domain: nvidia.com/gpu.clique, "
-    "topology.k8s.aws/ultraserver-id)"
-)
-HOST_LABEL = "cloud.google.com/gce-topology-host"
-HOSTNAME_LABEL = "kubernetes.io/hostname"
+RAIL_ATTRS = f"rail or network ({GCE_NETWORK_NAME}, railtrace topology rail)"
+BLOCK_LABEL = f"{GCE_BLOCK_LABEL} (EKS: {EKS_BLOCK_LABEL})"
+SUBBLOCK_LABEL = f"{GCE_SUBBLOCK_LABEL} (or an NVLink domain: {NVIDIA_CLIQUE_LABEL}, {EKS_ULTRASERVER_LABEL})"
+HOST_LABEL = GCE_HOST_LABEL
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,13 +251,13 @@ def _discovered_node(topology: Topology, name: str, config: ContractConfig) -> O
                 Evidence(
                     f"gpu/{name}/{g.name}",
                     "GPU publishes neither a PCIe root nor a NUMA node, so no NIC can be paired with it",
-                    [PCIE_ROOT_ATTR, GPU_NUMA_SOURCES],
+                    [PCIE_ROOT, GPU_NUMA_SOURCES],
                 )
             )
     for n in nics:
         missing: list[str] = []
         if not n.pcie_root and n.numa is None and n.name not in name_paired:
-            missing += [PCIE_ROOT_ATTR, NUMA_ATTR]
+            missing += [PCIE_ROOT, DRANET_NUMA_NODE]
         if config.require_rail and not (n.rail or n.network):
             missing.append(RAIL_ATTRS)
         if missing:

@@ -17,16 +17,18 @@ from typing import Any
 
 import yaml
 
+from railtrace.topology import k8s_keys as K
+
 NAMESPACE = "llm-d"
 ZONE = "us-central1-b"
 REGION = "us-central1"
 MODEL_NAME = "meta-llama/Llama-3.3-70B-Instruct"
 VLLM_PORT = 8000
 SIDECAR_PORT = 8200
-GPU_DRIVER = "gpu.nvidia.com"
-NIC_DRIVER = "dra.net"
-PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
-PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+GPU_DRIVER = K.NVIDIA_GPU_DRIVER
+NIC_DRIVER = K.DRANET_DRIVER
+PCIE_ROOT = K.PCIE_ROOT
+PCI_BUS_ID = K.PCI_BUS_ID
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,27 +405,27 @@ def build_fleet(shape_name: str, scenarios: Iterable[Any], seed: int) -> Fleet:
 
 def _node_obj(shape: Shape, node: Node) -> dict[str, Any]:
     labels = {
-        "beta.kubernetes.io/arch": shape.arch,
-        "kubernetes.io/arch": shape.arch,
-        "kubernetes.io/hostname": node.name,
-        "kubernetes.io/os": "linux",
-        "node.kubernetes.io/instance-type": shape.machine_type,
-        "topology.kubernetes.io/region": REGION,
-        "topology.kubernetes.io/zone": ZONE,
-        "cloud.google.com/machine-family": shape.machine_type.split("-")[0],
-        "cloud.google.com/gke-nodepool": f"{shape.name}-pool",
-        "cloud.google.com/gke-accelerator": shape.accelerator,
-        "cloud.google.com/gke-networking-dra-driver": "true",
-        "gke.networks.io/accelerator-network-profile": "auto",
-        "cloud.google.com/gce-topology-block": node.block,
-        "cloud.google.com/gce-topology-subblock": node.subblock,
-        "cloud.google.com/gce-topology-host": node.host,
-        "nvidia.com/gpu.present": "true",
-        "nvidia.com/gpu.product": shape.product.replace(" ", "-"),
-        "nvidia.com/gpu.count": str(shape.gpus),
+        K.BETA_ARCH_LABEL: shape.arch,
+        K.ARCH_LABEL: shape.arch,
+        K.HOSTNAME_LABEL: node.name,
+        K.OS_LABEL: "linux",
+        K.INSTANCE_TYPE_LABEL: shape.machine_type,
+        K.REGION_LABEL: REGION,
+        K.ZONE_LABEL: ZONE,
+        K.GKE_MACHINE_FAMILY_LABEL: shape.machine_type.split("-")[0],
+        K.GKE_NODEPOOL_LABEL: f"{shape.name}-pool",
+        K.GKE_ACCELERATOR_LABEL: shape.accelerator,
+        K.GKE_NETWORKING_DRA_LABEL: "true",
+        K.GKE_ACCELERATOR_NETWORK_PROFILE_LABEL: "auto",
+        K.GCE_BLOCK_LABEL: node.block,
+        K.GCE_SUBBLOCK_LABEL: node.subblock,
+        K.GCE_HOST_LABEL: node.host,
+        K.NVIDIA_GPU_PRESENT_LABEL: "true",
+        K.NVIDIA_GPU_PRODUCT_LABEL: shape.product.replace(" ", "-"),
+        K.NVIDIA_GPU_COUNT_LABEL: str(shape.gpus),
     }
     if node.clique:
-        labels["nvidia.com/gpu.clique"] = node.clique
+        labels[K.NVIDIA_CLIQUE_LABEL] = node.clique
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -474,23 +476,23 @@ def _nic_slice(shape: Shape, node: Node) -> dict[str, Any]:
     devices = []
     for n in node.nics:
         attrs: dict[str, Any] = {
-            "dra.net/ifName": {"string": n.if_name},
-            "dra.net/pciAddress": {"string": n.pci_address},
-            "dra.net/pciVendor": {"string": "Mellanox Technologies"},
-            "dra.net/pciDevice": {"string": "MT2910 Family [ConnectX-7]"},
-            "dra.net/numaNode": {"int": n.numa},
-            "dra.net/mtu": {"int": 8896},
-            "dra.net/rdma": {"bool": True},
-            "dra.net/rdmaDevice": {"string": n.rdma_device},
-            "dra.net/ipv4": {"string": n.ipv4},
-            "dra.net/state": {"string": "up"},
-            "dra.net/type": {"string": "device"},
-            "dra.net/virtual": {"bool": False},
-            "gce.dra.net/networkName": {"string": f"railtrace-rdma-sub-{n.rail}"},
-            "gce.dra.net/block": {"string": node.block},
-            "gce.dra.net/subBlock": {"string": node.subblock},
-            "gce.dra.net/host": {"string": node.host},
-            "gce.dra.net/machineType": {"string": shape.machine_type},
+            K.DRANET_IF_NAME: {"string": n.if_name},
+            K.DRANET_PCI_ADDRESS: {"string": n.pci_address},
+            K.DRANET_PCI_VENDOR: {"string": "Mellanox Technologies"},
+            K.DRANET_PCI_DEVICE: {"string": "MT2910 Family [ConnectX-7]"},
+            K.DRANET_NUMA_NODE: {"int": n.numa},
+            K.DRANET_MTU: {"int": 8896},
+            K.DRANET_RDMA: {"bool": True},
+            K.DRANET_RDMA_DEVICE: {"string": n.rdma_device},
+            K.DRANET_IPV4: {"string": n.ipv4},
+            K.DRANET_STATE: {"string": "up"},
+            K.DRANET_TYPE: {"string": "device"},
+            K.DRANET_VIRTUAL: {"bool": False},
+            K.GCE_NETWORK_NAME: {"string": f"railtrace-rdma-sub-{n.rail}"},
+            K.GCE_BLOCK: {"string": node.block},
+            K.GCE_SUBBLOCK: {"string": node.subblock},
+            K.GCE_HOST: {"string": node.host},
+            K.GCE_MACHINE_TYPE: {"string": shape.machine_type},
             PCIE_ROOT: {"string": n.pcie_root},
         }
         devices.append({"name": n.name, "attributes": attrs})
@@ -499,16 +501,16 @@ def _nic_slice(shape: Shape, node: Node) -> dict[str, Any]:
         {
             "name": "pci-0000-00-04-0" if shape.nic_naming == "pci" else "eth0",
             "attributes": {
-                "dra.net/ifName": {"string": "eth0"},
-                "dra.net/pciAddress": {"string": "0000:00:04.0"},
-                "dra.net/pciDevice": {"string": "Compute Engine Virtual Ethernet [gVNIC]"},
-                "dra.net/numaNode": {"int": 0},
-                "dra.net/mtu": {"int": 8896},
-                "dra.net/rdma": {"bool": False},
-                "dra.net/ipv4": {"string": f"{node.address}/32"},
-                "dra.net/state": {"string": "up"},
-                "dra.net/type": {"string": "device"},
-                "dra.net/virtual": {"bool": False},
+                K.DRANET_IF_NAME: {"string": "eth0"},
+                K.DRANET_PCI_ADDRESS: {"string": "0000:00:04.0"},
+                K.DRANET_PCI_DEVICE: {"string": "Compute Engine Virtual Ethernet [gVNIC]"},
+                K.DRANET_NUMA_NODE: {"int": 0},
+                K.DRANET_MTU: {"int": 8896},
+                K.DRANET_RDMA: {"bool": False},
+                K.DRANET_IPV4: {"string": f"{node.address}/32"},
+                K.DRANET_STATE: {"string": "up"},
+                K.DRANET_TYPE: {"string": "device"},
+                K.DRANET_VIRTUAL: {"bool": False},
                 PCIE_ROOT: {"string": "pci0000:00"},
             },
         }
@@ -519,7 +521,7 @@ def _nic_slice(shape: Shape, node: Node) -> dict[str, Any]:
 def _slice(node: Node, driver: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
     suffix = hashlib.sha1(f"{node.name}{driver}".encode()).hexdigest()[:5]
     return {
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": f"{K.RESOURCE_GROUP}/v1",
         "kind": "ResourceSlice",
         "metadata": {
             "name": f"{node.name}-{driver.replace('.', '-')}-{suffix}",
@@ -566,9 +568,9 @@ def _pod_obj(shape: Shape, pod: Pod) -> dict[str, Any]:
             "namespace": NAMESPACE,
             "uid": pod.uid,
             "labels": {
-                "llm-d.ai/role": pod.role,
-                "llm-d.ai/inferenceServing": "true",
-                "app.kubernetes.io/name": f"{pod.scenario}-{pod.role}",
+                K.ROLE_LABEL: pod.role,
+                K.INFERENCE_SERVING_LABEL: "true",
+                K.APP_NAME_LABEL: f"{pod.scenario}-{pod.role}",
             },
         },
         "spec": {
@@ -588,8 +590,8 @@ def _pod_obj(shape: Shape, pod: Pod) -> dict[str, Any]:
 
 def _claim_obj(shape: Shape, pod: Pod) -> dict[str, Any]:
     requests: list[dict[str, Any]] = [
-        {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}},
-        {"name": "nic", "exactly": {"deviceClassName": "mrdma.google.com", "count": 1}},
+        {"name": "gpu", "exactly": {"deviceClassName": K.NVIDIA_GPU_DRIVER, "count": 1}},
+        {"name": "nic", "exactly": {"deviceClassName": K.GKE_RDMA_DRIVER, "count": 1}},
     ]
     constraints: list[dict[str, Any]] = []
     if pod.aligned:
@@ -597,7 +599,7 @@ def _claim_obj(shape: Shape, pod: Pod) -> dict[str, Any]:
             constraints.append({"requests": ["gpu", "nic"], "matchAttribute": PCIE_ROOT})
         else:
             requests[1]["exactly"]["selectors"] = [
-                {"cel": {"expression": f'device.attributes["dra.net"].numaNode == {pod.gpu.numa}'}}
+                {"cel": {"expression": f'device.attributes["{K.DRANET_DRIVER}"].numaNode == {pod.gpu.numa}'}}
             ]
     results = [
         {
@@ -616,7 +618,7 @@ def _claim_obj(shape: Shape, pod: Pod) -> dict[str, Any]:
         },
     ]
     if len(pod.nics) > 1:
-        requests.append({"name": "nic-extra", "exactly": {"deviceClassName": "mrdma.google.com", "count": 1}})
+        requests.append({"name": "nic-extra", "exactly": {"deviceClassName": K.GKE_RDMA_DRIVER, "count": 1}})
         results.append(
             {
                 "request": "nic-extra",
@@ -627,12 +629,12 @@ def _claim_obj(shape: Shape, pod: Pod) -> dict[str, Any]:
             }
         )
     return {
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": f"{K.RESOURCE_GROUP}/v1",
         "kind": "ResourceClaim",
         "metadata": {
             "name": pod.claim_name,
             "namespace": NAMESPACE,
-            "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu-nic"},
+            "annotations": {K.POD_CLAIM_ANNOTATION: "gpu-nic"},
             "ownerReferences": [
                 {
                     "apiVersion": "v1",

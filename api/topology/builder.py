@@ -13,6 +13,36 @@ from dataclasses import replace
 from typing import Any, Generic, TypeVar
 
 from railtrace.topology import templates as tmpl
+from railtrace.topology.k8s_keys import (
+    BLOCK_LABELS,
+    DRANET_IF_NAME,
+    DRANET_IS_SRIOV_VF,
+    DRANET_NIC_KEYS,
+    DRANET_NUMA_NODE,
+    DRANET_PCI_ADDRESS,
+    DRANET_PCI_DEVICE,
+    DRANET_RDMA,
+    DRANET_RDMA_DEVICE,
+    DRANET_SRIOV,
+    DRANET_VIRTUAL,
+    GCE_NETWORK_NAME,
+    GKE_RDMA_DRIVER,
+    GPU_DRIVERS,
+    HOST_LABELS,
+    IB_DRIVER,
+    MACHINE_LABELS,
+    NIC_DRIVERS,
+    NODE_DEVICE_ATTRIBUTES,
+    NON_NIC_DRIVERS,
+    NVLINK_LABELS,
+    PCI_BUS_ID,
+    PCIE_ROOT,
+    POD_CLAIM_ANNOTATION,
+    ROLE_LABELS,
+    SRIOV_DRIVER,
+    SUBBLOCK_LABELS,
+    ZONE_LABELS,
+)
 from railtrace.topology.model import (
     ALIGNED,
     GPU,
@@ -38,35 +68,8 @@ from railtrace.topology.nvsmi import TopoMatrix, parse_nccl_devices, parse_topo_
 
 _T = TypeVar("_T")
 
-PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
-PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
-POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
-
-GPU_DRIVERS = ("gpu.nvidia.com", "gpu.amd.com")
-# SR-IOV DRA driver (k8snetworkplumbingwg/dra-driver-sriov, pkg/consts/consts.go): publishes VFs.
-SRIOV_DRIVER = "sriovnetwork.k8snetworkplumbingwg.io"
-# InfiniBand DRA driver (README "Device Attributes"): one device per IB port, PFs and VFs.
-IB_DRIVER = "ib.sigs.k8s.io"
-NIC_DRIVERS = ("dra.net", "mrdma.google.com", "netdev.google.com", SRIOV_DRIVER, IB_DRIVER)
-# Drivers known to publish no NICs: their devices are not a discovery gap.
-NON_NIC_DRIVERS = ("compute-domain.nvidia.com", "dra.cpu", "dra.memory", "tpu.google.com")
-# dra.net/numaNode alone does not make a NIC: dracpu and the SR-IOV driver publish it for compatibility.
-_DRANET_NIC_KEYS = ("dra.net/ifName", "dra.net/pciAddress", "dra.net/rdma", "dra.net/rdmaDevice")
 LINK_TYPES = {"ib": "infiniband", "infiniband": "infiniband", "eth": "ethernet", "ethernet": "ethernet"}
 COLLECT_SOURCE = "node (railtrace topology collect)"
-
-# Node labels, per hierarchy level, nearest meaning first.
-ZONE_LABELS = ("topology.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/zone")
-BLOCK_LABELS = ("cloud.google.com/gce-topology-block", "topology.k8s.aws/network-node-layer-3")
-SUBBLOCK_LABELS = ("cloud.google.com/gce-topology-subblock",)
-HOST_LABELS = ("cloud.google.com/gce-topology-host",)
-NVLINK_LABELS = (
-    "nvidia.com/gpu.clique",
-    "topology.k8s.aws/ultraserver-id",
-    "ds.coreweave.com/nvlink.domain",
-)
-MACHINE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
-ROLE_LABELS = ("llm-d.ai/role", "llm-d.ai/inferenceServing-role", "role")
 
 # Machine types whose GPU NICs cannot carry UCX RDMA (GPUDirect-TCPX/TCPXO): TCP is the expected path.
 TCP_ONLY_MACHINES = re.compile(r"^(a3-highgpu|a3-megagpu|a3-edgegpu)", re.IGNORECASE)
@@ -395,25 +398,13 @@ class _Derivation:
         dtype = attrs.get(f"{driver}/type")
         if driver in GPU_DRIVERS:
             return "gpu" if dtype in (None, "gpu") else "other"  # MIG / vfio / channels are not whole GPUs
-        if driver in NIC_DRIVERS or any(k in attrs for k in _DRANET_NIC_KEYS):
+        if driver in NIC_DRIVERS or any(k in attrs for k in DRANET_NIC_KEYS):
             return "nic"
         return "other"
 
     def _node_attrs(self, nd: dict[str, Any], attrs: Mapping[str, Any]) -> None:
         """Node-level facts that drivers publish per device (GCE, OCI, Azure DRANET)."""
-        mapping = {
-            "gce.dra.net/block": "block",
-            "gce.dra.net/subBlock": "subblock",
-            "gce.dra.net/host": "host",
-            "oke.dra.net/networkBlockId": "block",
-            "oke.dra.net/localBlockId": "subblock",
-            "oke.dra.net/gpuMemoryFabricId": "nvlink_domain",
-            "azure.dra.net/interconnectGroupId": "block",
-            "azure.dra.net/interconnectSubgroupId": "subblock",
-            "gce.dra.net/machineType": "machine_type",
-            "azure.dra.net/vmSize": "machine_type",
-        }
-        for key, field_name in mapping.items():
+        for key, field_name in NODE_DEVICE_ATTRIBUTES.items():
             v = attrs.get(key)
             if v is None:
                 continue
@@ -469,27 +460,27 @@ class _Derivation:
             return _sriov_nic(node, name, pool, attrs, src)
         if driver == IB_DRIVER:
             return _ib_nic(node, name, pool, attrs, src)
-        rdma = attrs.get("dra.net/rdma")
-        rdma = rdma if isinstance(rdma, bool) else (True if driver == "mrdma.google.com" else None)
-        numa = _int(attrs.get("dra.net/numaNode"))
-        vf = attrs.get("dra.net/isSriovVf")
+        rdma = attrs.get(DRANET_RDMA)
+        rdma = rdma if isinstance(rdma, bool) else (True if driver == GKE_RDMA_DRIVER else None)
+        numa = _int(attrs.get(DRANET_NUMA_NODE))
+        vf = attrs.get(DRANET_IS_SRIOV_VF)
         nic = NIC(
             node=node,
             name=name,
             rdma=rdma,
-            rdma_device=attrs.get("dra.net/rdmaDevice"),
-            if_name=attrs.get("dra.net/ifName"),
-            pci_address=attrs.get("dra.net/pciAddress"),
+            rdma_device=attrs.get(DRANET_RDMA_DEVICE),
+            if_name=attrs.get(DRANET_IF_NAME),
+            pci_address=attrs.get(DRANET_PCI_ADDRESS),
             pcie_root=attrs.get(PCIE_ROOT),
             numa=numa,
-            numa_source="dra.net/numaNode" if numa is not None else None,
-            network=attrs.get("gce.dra.net/networkName"),
-            virtual=attrs.get("dra.net/virtual") if isinstance(attrs.get("dra.net/virtual"), bool) else None,
-            product=attrs.get("dra.net/pciDevice"),
+            numa_source=DRANET_NUMA_NODE if numa is not None else None,
+            network=attrs.get(GCE_NETWORK_NAME),
+            virtual=attrs.get(DRANET_VIRTUAL) if isinstance(attrs.get(DRANET_VIRTUAL), bool) else None,
+            product=attrs.get(DRANET_PCI_DEVICE),
             driver=driver,
             pool=pool,
             sources=(src,) if src else (),
-            function=("VF" if vf else "PF" if attrs.get("dra.net/sriov") else None)
+            function=("VF" if vf else "PF" if attrs.get(DRANET_SRIOV) else None)
             if isinstance(vf, bool)
             else None,
         )
@@ -831,7 +822,7 @@ class _Derivation:
             if nic.rail:
                 continue
             if nic.network:
-                self.nics[key] = replace(nic, rail=nic.network, rail_source="gce.dra.net/networkName")
+                self.nics[key] = replace(nic, rail=nic.network, rail_source=GCE_NETWORK_NAME)
                 continue
             for cand in (nic.if_name, nic.name):
                 m = _NIC_NAME_GPU.match(cand or "")
@@ -889,7 +880,7 @@ class _Derivation:
                     gpu.name,
                     tuple(hits),
                     PAIR_NUMA,
-                    f"NUMA {gpu.numa} ({gpu.numa_source}); NIC dra.net/numaNode",
+                    f"NUMA {gpu.numa} ({gpu.numa_source}); NIC {DRANET_NUMA_NODE}",
                 )
         why = []
         if not nics:
@@ -977,7 +968,7 @@ class _Derivation:
                 name=dev,
                 driver=driver,
                 pool=pool,
-                rdma=True if driver == "mrdma.google.com" or str(r.get("request")) in rdma_reqs else None,
+                rdma=True if driver == GKE_RDMA_DRIVER or str(r.get("request")) in rdma_reqs else None,
                 sources=(f"{src} (allocation only)",),
             )
             self.nics[(nnode, dev)] = nic
@@ -1206,7 +1197,7 @@ def _sriov_nic(node: str, name: str, pool: str, attrs: Mapping[str, Any], src: s
     d = SRIOV_DRIVER
     rdma = attrs.get(f"{d}/rdmaCapable")
     link = LINK_TYPES.get(str(attrs.get(f"{d}/linkType") or "").lower())
-    numa = _numa(attrs.get("dra.net/numaNode"))
+    numa = _numa(attrs.get(DRANET_NUMA_NODE))
     nic = NIC(
         node=node,
         name=name,
@@ -1215,7 +1206,7 @@ def _sriov_nic(node: str, name: str, pool: str, attrs: Mapping[str, Any], src: s
         pci_address=attrs.get(f"{d}/pciAddress") or attrs.get(PCI_BUS_ID),
         pcie_root=attrs.get(PCIE_ROOT) or None,
         numa=numa,
-        numa_source="dra.net/numaNode" if numa is not None else None,
+        numa_source=DRANET_NUMA_NODE if numa is not None else None,
         driver=d,
         pool=pool,
         sources=(src,) if src else (),

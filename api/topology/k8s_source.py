@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from railtrace.topology.k8s_keys import RESOURCE_GROUP
+
 log = logging.getLogger("railtrace.topology.k8s")
 
 K8S_TOPOLOGY = "k8s"
@@ -40,7 +42,6 @@ K8S_TOPOLOGY = "k8s"
 SOURCE_NAME = "kubernetes API"
 """How objects from the live cluster are attributed in the model's `sources`."""
 
-RESOURCE_GROUP = "resource.k8s.io"
 # Newest first: the DRA API went GA as v1 in Kubernetes 1.34; v1beta2 (1.33) and v1beta1
 # (1.32) are what older clusters still serve.
 RESOURCE_VERSIONS = ("v1", "v1beta2", "v1beta1")

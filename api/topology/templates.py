@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from railtrace.topology.k8s_keys import PCIE_ROOT
 from railtrace.topology.model import (
     ALIGNED,
     GPU,
@@ -22,7 +23,6 @@ from railtrace.topology.model import (
     TemplateCheck,
 )
 
-PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 _GPU_CLASSES = re.compile(r"(^|\.)(gpu|mig)\.", re.IGNORECASE)
 _NIC_CLASSES = re.compile(r"(dranet|dra\.net|mrdma|netdev|efa|multinic|rdma|nic|sriov|^ib\.)", re.IGNORECASE)
 _BUS_EQ = re.compile(r'pciBusID"?\]?\s*==\s*["\']([0-9a-fA-F:.]+)["\']')
@@ -134,10 +134,7 @@ def check_template(
             )
     if pcie_pairs:
         uncovered = [g["request"] for g in gpu_reqs if g["request"] not in covered]
-        evidence.append(
-            "GPU and NIC share resource.kubernetes.io/pcieRoot: "
-            + ", ".join(f"{g}+{n}" for g, n in pcie_pairs)
-        )
+        evidence.append(f"GPU and NIC share {PCIE_ROOT}: " + ", ".join(f"{g}+{n}" for g, n in pcie_pairs))
         if uncovered:
             evidence.append("GPU requests without a pcieRoot constraint: " + ", ".join(uncovered))
             return done(MISALIGNED)

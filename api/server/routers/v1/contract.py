@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Query
 
 from railtrace.server.deps import RuntimeDep
 from railtrace.server.runtime import TopologyUnavailable
+from railtrace.topology.k8s_keys import ROLE_LABEL
 
 router = APIRouter(tags=["contract"])
 
@@ -17,7 +18,7 @@ def get_contract(
     rt: RuntimeDep,
     pod: str | None = Query(None, max_length=253, description="pod name or namespace/name"),
     node: str | None = Query(None, max_length=253),
-    pool: str | None = Query(None, max_length=253, description="prefill, decode, or an llm-d.ai/role"),
+    pool: str | None = Query(None, max_length=253, description=f"prefill, decode, or an {ROLE_LABEL}"),
     obligation: str | None = Query(None, max_length=32),
     status: str | None = Query(None, max_length=16),
 ) -> dict[str, Any]:
