@@ -2,7 +2,7 @@
 
 Node labels, DRA drivers and their device attributes, and pod annotations, as the topology
 builder, the contract audit and the CEL templates read them and the simulator writes them
-(`../shared/reference/topology.md`; each driver's source is named beside it). A name belongs here
+(docs/topology.md; each driver's source is named beside it). A name belongs here
 when railtrace reads it, or when the simulator writes it so that its nodes look like real ones.
 `tests/topology/test_k8s_keys.py` fails when such a name is spelled anywhere else in `api/`.
 """
