@@ -25,7 +25,7 @@ def _packages() -> list[str]:
 
 ACCELERATORS = [
     Extension("railtrace.otlp._wirescan", ["api/otlp/_wirescan.c"], optional=True),
-    # Reads stored spans without upb (railtrace.store.spans); without it, through upb.
+    # Reads stored spans without upb (railtrace.otlp.spans); without it, through upb.
     Extension("railtrace.otlp._spandecode", ["api/otlp/_spandecode.c"], optional=True),
 ]
 

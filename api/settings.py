@@ -133,7 +133,7 @@ class Settings(BaseSettings):
     drop_attributes: list[str] | None = Field(
         None,
         description="Attribute keys dropped at ingest (`prefix.*` matches by prefix); unset: prompt and "
-        "completion content (railtrace.server.security.DEFAULT_DROP_ATTRIBUTES). The registry's content "
+        "completion content (railtrace.otlp.content.DEFAULT_DROP_ATTRIBUTES). The registry's content "
         "attributes are always dropped.",
     )
 

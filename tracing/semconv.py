@@ -507,6 +507,17 @@ CONTENT_ATTRIBUTES: tuple[str, ...] = tuple(
         "output.value",
     )
 )
+# Prefixes of content keys, matched by a trailing `*`: OpenLLMetry and OpenInference flatten
+# messages into indexed keys such as `gen_ai.prompt.0.content` and
+# `llm.input_messages.0.message.content`. Dropped at ingest by default with CONTENT_ATTRIBUTES.
+CONTENT_ATTRIBUTE_PATTERNS: tuple[str, ...] = (
+    "gen_ai.prompt.*",
+    "gen_ai.completion.*",
+    "llm.prompts.*",
+    "llm.input_messages.*",
+    "llm.output_messages.*",
+    "gen_ai.content.*",
+)
 
 ATTRIBUTES: tuple[Attribute, ...] = tuple(_ATTRIBUTES)
 ATTRIBUTES_BY_KEY: dict[str, Attribute] = {a.key: a for a in ATTRIBUTES}

@@ -16,6 +16,9 @@ from railtrace.normalize import normalize_span, span_request_keys
 
 
 def _valid(span: object) -> TypeGuard[Span]:
+    """Whether a value handed to assembly is a span it can place: a `Span` with ids and integer
+    times. A guard on types only, for callers that pass anything; whether a received span is
+    kept at all is decided once, at ingest (`railtrace.otlp.validity`)."""
     if not isinstance(span, Span):
         return False
     trace_id, span_id, start, end = span.trace_id, span.span_id, span.start_ns, span.end_ns

@@ -1,10 +1,10 @@
 """The bulk writer: one thread, group commit, acknowledge only after commit.
 
-Receivers (HTTP and gRPC, many threads) decode, normalise and build rows themselves, then
-hand a `RowBatch` to the writer and wait. The writer takes everything queued (up to
-`write_batch_spans`), inserts it in one transaction and only then completes each caller's
-wait. Concurrent exports therefore share one commit (and one fsync) without any of them
-being answered before its spans are durable.
+Receivers (HTTP and gRPC, many threads) build rows themselves through the OTLP codec
+(`railtrace.ingest.accept`), then hand a `RowBatch` to the writer and wait. The writer takes
+everything queued (up to `write_batch_spans`), inserts it in one transaction and only then
+completes each caller's wait. Concurrent exports therefore share one commit (and one fsync)
+without any of them being answered before its spans are durable.
 """
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
-from railtrace.otlp.decode import parse_json, parse_protobuf
-from railtrace.store import InsertResult, RowBatch, Store, rows_from_bytes, rows_from_request
+from railtrace.otlp.rows import RowBatch
+from railtrace.store import InsertResult, Store
 
 log = logging.getLogger(__name__)
 
@@ -34,28 +33,6 @@ class Overloaded(Exception):
 
 class WriterUnavailable(Exception):
     """The writer is stopped or the database is failing (HTTP 503 / gRPC UNAVAILABLE)."""
-
-
-def prepare(
-    body: bytes | ExportTraceServiceRequest,
-    media: str = "application/x-protobuf",
-    content_free: bool = False,
-    sender: str | None = None,
-) -> RowBatch:
-    """Turn an export call into rows (on the receiver's event loop or in a worker thread).
-
-    `content_free`: the caller's content filter has already ruled out content attributes.
-    `sender`: the address the call came from (`railtrace.server.senders`), kept on each resource.
-    Raises `PayloadError` for a payload that cannot be parsed at all.
-    """
-    if isinstance(body, ExportTraceServiceRequest):
-        return rows_from_request(body, content_free=content_free, sender=sender)
-    if media == "application/json":
-        return rows_from_request(parse_json(body), content_free=content_free, sender=sender)
-    batch = rows_from_bytes(body, content_free, sender)  # the usual call: no protobuf objects at all
-    if batch is not None:
-        return batch
-    return rows_from_request(parse_protobuf(body), raw=body, content_free=content_free, sender=sender)
 
 
 # Failed commits in a row after which exports are refused (503) until the database takes a

@@ -1,5 +1,5 @@
 /* One stored OTLP Span encoding straight to the plain Python values a `railtrace.model.Span`
- * holds, bounded exactly as `railtrace.store.rows.span_from_pb` bounds them.
+ * holds, bounded exactly as `railtrace.otlp.rows.span_from_pb` bounds them.
  *
  * Why: the assembler reads every stored span back; parsing it with upb and then walking the
  * parsed message attribute by attribute in Python was about a third of assembly's CPU time.
@@ -18,7 +18,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Bounds of railtrace.otlp.decode and railtrace.store.rows; exported as BOUNDS so that the
+/* Bounds of railtrace.otlp.decode and railtrace.otlp.rows; exported as BOUNDS so that the
  * Python side refuses this module if they ever differ. */
 #define MAX_ATTR_VALUE_CHARS 8192
 #define MAX_ARRAY_ITEMS 1024
@@ -959,7 +959,7 @@ static PyModuleDef_Slot slots[] = {
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
     .m_name = "railtrace.otlp._spandecode",
-    .m_doc = "Stored OTLP spans to plain Python values without upb (see railtrace.store.spans).",
+    .m_doc = "Stored OTLP spans to plain Python values without upb (see railtrace.otlp.spans).",
     .m_size = 0,
     .m_methods = methods,
     .m_slots = slots,

@@ -555,7 +555,7 @@ chunk_append(chunk *c, uint64_t rid, const uint8_t *enc, size_t n)
 /* The request-id value that follows a key needle `KeyValue{key, value: AnyValue{...}}`: a
  * short string_value, or the first item of a short array_value. Returns 0 with the value's
  * bounds, or -1 when the value is not in that short shape (the caller then reads it the long
- * way). Mirrors `railtrace.store.rows._SHORT_STRING`. */
+ * way). Mirrors `railtrace.otlp.rows._SHORT_STRING`. */
 static int
 short_value_after(const uint8_t *p, const uint8_t *end, const uint8_t **vstart, const uint8_t **vstop)
 {

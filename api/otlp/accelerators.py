@@ -5,7 +5,7 @@ Python path with the same result, which the tests hold the two to. Setting
 `RAILTRACE_PURE_PYTHON=1` makes the service take the Python paths even where an accelerator is
 built (to rule one out when something looks wrong, or to measure what it saves). Ingest reads
 it once, when this module is imported; the stored-span reader whenever a reader is made
-(`railtrace.store.spans.span_reader`).
+(`railtrace.otlp.spans.span_reader`).
 """
 
 from __future__ import annotations

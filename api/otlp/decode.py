@@ -1,9 +1,10 @@
-"""OTLP trace payloads (protobuf or OTLP/JSON) to `Span`s, with per-span validation.
+"""OTLP trace payloads (protobuf or OTLP/JSON) to messages, and attribute values to bounded
+Python values: the parsing every other part of the codec builds on.
 
-A malformed payload raises `PayloadError` (the receiver answers 400); a well-formed payload
-with some invalid spans yields the valid ones plus a count and a message for
-`partial_success`, as the OTLP specification asks. Content attributes (prompt and
-completion text) are dropped here, before anything is stored.
+A malformed payload raises `PayloadError` (the receiver answers 400); a compressed body that
+would inflate past the limit raises `TooLarge` (413) before it is inflated in full. Attribute
+values are cut to `railtrace.otlp.bounds`, and content attributes (prompt and completion text)
+are left out wherever attributes are turned into values.
 """
 
 from __future__ import annotations
@@ -22,17 +23,15 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from railtrace.model import Span
+from railtrace.otlp.bounds import (
+    INFLATE_STEP,
+    MAX_ARRAY_ITEMS,
+    MAX_ATTR_VALUE_CHARS,
+    MAX_ATTRIBUTES,
+    MAX_DEPTH,
+    MAX_GZIP_MEMBERS,
+)
 from railtrace_tracing import semconv
-
-# Bounds that keep one hostile span from costing more than it is worth.
-MAX_ATTR_VALUE_CHARS = 8192
-MAX_ARRAY_ITEMS = 1024
-MAX_DEPTH = 8
-MAX_ATTRIBUTES = 256
-MAX_EVENTS = 128
-# Anything outside [2000-01-01, 2200-01-01) is a broken clock or a hostile sender.
-MIN_TIME_NS = 946_684_800 * 10**9
-MAX_TIME_NS = 7_258_118_400 * 10**9
 
 
 class PayloadError(ValueError):
@@ -41,14 +40,6 @@ class PayloadError(ValueError):
 
 class TooLarge(Exception):
     """A body inflates past the size limit (HTTP 413)."""
-
-
-# A gzip body may hold several members (RFC 1952); exporters send one. More than this is refused.
-MAX_GZIP_MEMBERS = 64
-# Compressed bytes handed to zlib at a time. zlib copies the input left after a member ends
-# (`unused_data`), so this bounds the copy per member: the work is at most the body plus
-# MAX_GZIP_MEMBERS x INFLATE_STEP, whatever the member structure.
-INFLATE_STEP = 64 * 1024
 
 
 def inflate_bounded(
@@ -203,81 +194,6 @@ def attributes(items: Sequence[Any], drop: frozenset[str], result: DecodeResult)
 
 
 DEFAULT_DROP = frozenset(semconv.CONTENT_ATTRIBUTES)
-
-
-def spans_from_request(
-    request: ExportTraceServiceRequest, drop: frozenset[str] = DEFAULT_DROP
-) -> DecodeResult:
-    """Flatten an export request into spans, rejecting (and counting) the invalid ones."""
-    result = DecodeResult()
-    for rs in request.resource_spans:
-        resource = attributes(rs.resource.attributes, drop, result)
-        service = resource.get(semconv.RES_SERVICE_NAME)
-        service_name = service if isinstance(service, str) else "unknown_service"
-        for ss in rs.scope_spans:
-            scope_name = ss.scope.name
-            for s in ss.spans:
-                problem = _invalid(s)
-                if problem:
-                    result.rejected += 1
-                    if len(result.errors) < 50:
-                        result.errors.append(problem)
-                    continue
-                events = [
-                    {
-                        "name": e.name[:256],
-                        "time_ns": e.time_unix_nano,
-                        "attributes": attributes(e.attributes, drop, result),
-                    }
-                    for e in s.events[:MAX_EVENTS]
-                ]
-                result.spans.append(
-                    Span(
-                        trace_id=s.trace_id.hex(),
-                        span_id=s.span_id.hex(),
-                        parent_span_id=s.parent_span_id.hex() if s.parent_span_id else None,
-                        name=s.name[:512],
-                        kind=int(s.kind),
-                        start_ns=s.start_time_unix_nano,
-                        end_ns=s.end_time_unix_nano,
-                        status_code=int(s.status.code),
-                        status_message=s.status.message[:1024],
-                        service_name=service_name,
-                        scope_name=scope_name,
-                        attributes=attributes(s.attributes, drop, result),
-                        resource=resource,
-                        events=events,
-                    )
-                )
-    return result
-
-
-def _invalid(s: Any) -> str | None:
-    if len(s.trace_id) != 16 or s.trace_id == b"\0" * 16:
-        return f"span {s.span_id.hex() or '?'}: trace_id must be 16 non-zero bytes"
-    if len(s.span_id) != 8 or s.span_id == b"\0" * 8:
-        return f"span in trace {s.trace_id.hex()}: span_id must be 8 non-zero bytes"
-    if s.parent_span_id and len(s.parent_span_id) != 8:
-        return f"span {s.span_id.hex()}: parent_span_id must be empty or 8 bytes"
-    if not (MIN_TIME_NS <= s.start_time_unix_nano < MAX_TIME_NS):
-        return f"span {s.span_id.hex()}: start time {s.start_time_unix_nano} is out of range"
-    if not (MIN_TIME_NS <= s.end_time_unix_nano < MAX_TIME_NS):
-        return f"span {s.span_id.hex()}: end time {s.end_time_unix_nano} is out of range"
-    if s.end_time_unix_nano < s.start_time_unix_nano:
-        return f"span {s.span_id.hex()}: ends before it starts"
-    return None
-
-
-def decode(body: bytes, content_type: str, drop: frozenset[str] = DEFAULT_DROP) -> DecodeResult:
-    """Decode an already-decompressed body of the given media type."""
-    media = content_type.split(";", 1)[0].strip().lower()
-    if media == "application/x-protobuf":
-        request = parse_protobuf(body)
-    elif media == "application/json":
-        request = parse_json(body)
-    else:
-        raise PayloadError(f"unsupported content type {media!r}")
-    return spans_from_request(request, drop)
 
 
 def hex_id(raw: str) -> bytes:

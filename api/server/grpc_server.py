@@ -15,9 +15,8 @@ from google.protobuf.duration_pb2 import Duration
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from railtrace.ingest import Overloaded, WriterUnavailable, prepare
-from railtrace.ingest.writer import partial_success
-from railtrace.otlp import PayloadError
+from railtrace.ingest import Outcome
+from railtrace.otlp.export import PROTOBUF
 from railtrace.server.runtime import Runtime
 from railtrace.server.security import TokenInterceptor, grpc_credentials
 from railtrace.server.senders import FORWARDED_HEADER, grpc_peer_host, sender_address
@@ -26,8 +25,8 @@ SERVICE_NAME = "opentelemetry.proto.collector.trace.v1.TraceService"
 
 
 class TraceService:
-    """`Export` receives the request's raw bytes (no generic deserialisation), so gRPC and
-    HTTP share one parse-and-build-rows path."""
+    """`Export` receives the request's raw bytes (no generic deserialisation) and hands them to
+    the same `ExportAcceptor` as `POST /v1/traces`; it only maps the outcome to gRPC codes."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
@@ -47,40 +46,25 @@ class TraceService:
         context.abort(code, message)
 
     def Export(self, request: bytes, context: Any) -> ExportTraceServiceResponse:
-        metrics = self.rt.metrics
-        if self.rt.writer.pending >= self.rt.settings.max_pending_spans:
-            metrics.throttled("grpc")
-            self._abort_retry(
-                context, grpc.StatusCode.RESOURCE_EXHAUSTED, code_pb2.RESOURCE_EXHAUSTED, "ingest is behind"
-            )
-        try:
-            content = self.rt.content_filter
-            filtered = content.apply(request, "application/x-protobuf")
+        exports = self.rt.exports
+        accepted = exports.behind("grpc")
+        if accepted is None:
             forwarded = [v for k, v in context.invocation_metadata() or () if k == FORWARDED_HEADER]
             sender = sender_address(grpc_peer_host(context.peer()), forwarded, self.rt.trusted_proxies)
-            batch = prepare(filtered, content_free=content.covers_content, sender=sender)
-        except PayloadError as exc:
-            metrics.export_done("grpc", "invalid")
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        result = None
-        if len(batch):
-            try:
-                result = self.rt.writer.write_sync(batch)
-            except Overloaded as exc:
-                metrics.throttled("grpc")
-                self._abort_retry(
-                    context, grpc.StatusCode.RESOURCE_EXHAUSTED, code_pb2.RESOURCE_EXHAUSTED, str(exc)
-                )
-            except WriterUnavailable as exc:
-                metrics.throttled("grpc")
-                self._abort_retry(context, grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE, str(exc))
+            accepted = exports.accept_blocking("grpc", request, PROTOBUF, sender)
+        outcome = accepted.outcome
+        if outcome is Outcome.INVALID:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, accepted.message)
+        if outcome in (Outcome.BEHIND, Outcome.OVERLOADED):
+            self._abort_retry(
+                context, grpc.StatusCode.RESOURCE_EXHAUSTED, code_pb2.RESOURCE_EXHAUSTED, accepted.message
+            )
+        if outcome is Outcome.UNAVAILABLE:
+            self._abort_retry(context, grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE, accepted.message)
         response = ExportTraceServiceResponse()
-        rejected, message = partial_success(batch, result, self.rt.settings.max_spans_per_trace)
-        if rejected:
-            response.partial_success.rejected_spans = rejected
-            response.partial_success.error_message = message
-        inserted = result.inserted if result is not None else 0
-        metrics.export_done("grpc", "partial" if rejected else "ok", inserted, batch.rejected)
+        if accepted.rejected:
+            response.partial_success.rejected_spans = accepted.rejected
+            response.partial_success.error_message = accepted.message
         return response
 
 

@@ -19,25 +19,16 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from railtrace.ingest import Overloaded, WriterUnavailable, prepare
-from railtrace.ingest.writer import partial_success
+from railtrace.ingest import Accepted, Outcome
 from railtrace.otlp import PayloadError
 from railtrace.otlp.decode import TooLarge, inflate_bounded
+from railtrace.otlp.export import JSON, PROTOBUF
 from railtrace.server.deps import RuntimeDep
-from railtrace.server.security import ContentFilter
 from railtrace.server.senders import FORWARDED_HEADER, sender_address
-from railtrace.store import RowBatch
 
-PROTOBUF = "application/x-protobuf"
-JSON = "application/json"
 ENCODINGS = ("", "identity", "gzip", "x-gzip", "deflate")
 
 router = APIRouter(tags=["otlp"])
-
-
-def _prepare(content: ContentFilter, raw: bytes, media: str, sender: str | None = None) -> RowBatch:
-    """Drop configured content attributes, then parse and build rows."""
-    return prepare(content.apply(raw, media), media, content_free=content.covers_content, sender=sender)
 
 
 def _encode(message: Message, json: bool) -> tuple[bytes, str]:
@@ -88,9 +79,8 @@ async def export_traces(request: Request, rt: RuntimeDep) -> Response:
         metrics.export_done("http", "too_large")
         return _too_large_and_close(limit, as_json)
     retry = {"Retry-After": str(rt.settings.retry_after_s)}
-    if not over and rt.writer.pending >= rt.settings.max_pending_spans:  # shed load before decoding
-        metrics.throttled("http")
-        return _status(429, code_pb2.RESOURCE_EXHAUSTED, "ingest is behind; retry later", as_json, retry)
+    if not over and (shed := rt.exports.behind("http")):  # shed load before reading or decoding
+        return _answer(shed, as_json, retry)
     body = bytearray()
     received = 0
     try:
@@ -123,46 +113,42 @@ async def export_traces(request: Request, rt: RuntimeDep) -> Response:
         request.headers.getlist(FORWARDED_HEADER),
         rt.trusted_proxies,
     )
-    try:
-        # Only the rows stay while the export waits for its commit: the body, read and
-        # inflated, would otherwise be held twice per queued export (found by the memory
-        # figures of benchmarks/verdicts). A compressed body is inflated from the buffer it
-        # was read into, not from a copy of it.
-        if encoding not in ("", "identity"):
+    # Only the rows stay while the export waits for its commit: the body, read and inflated,
+    # would otherwise be held twice per queued export (found by the memory figures of
+    # benchmarks/verdicts). A compressed body is inflated from the buffer it was read into, not
+    # from a copy of it.
+    if encoding not in ("", "identity"):
+        try:
             raw = await run_in_threadpool(inflate_bounded, body, encoding, limit)
-        else:
-            raw = bytes(body)
-        del body
-        if media == PROTOBUF and len(raw) <= rt.settings.parse_inline_max_bytes:
-            # A typical exporter batch (512 spans, ~400 KB) takes a few milliseconds to parse.
-            # Handing it to a worker thread costs more CPU than that (thread wake-ups, GIL
-            # hand-offs), and the GIL gives the thread no parallelism anyway.
-            batch = _prepare(rt.content_filter, raw, media, sender)
-        else:
-            batch = await run_in_threadpool(_prepare, rt.content_filter, raw, media, sender)
-        del raw
-    except TooLarge:
-        metrics.export_done("http", "too_large")
-        return too_large
-    except PayloadError as exc:
-        metrics.export_done("http", "invalid")
-        return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), as_json)
-    try:
-        result = await rt.writer.write(batch) if len(batch) else None
-    except Overloaded as exc:
-        metrics.throttled("http")
-        return _status(
-            429, code_pb2.RESOURCE_EXHAUSTED, f"ingest is behind ({exc}); retry later", as_json, retry
-        )
-    except WriterUnavailable as exc:
-        metrics.throttled("http")
-        return _status(503, code_pb2.UNAVAILABLE, str(exc), as_json, retry)
+        except TooLarge:
+            metrics.export_done("http", "too_large")
+            return too_large
+        except PayloadError as exc:  # not the compression its header names
+            metrics.export_done("http", "invalid")
+            return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), as_json)
+    else:
+        raw = bytes(body)
+    del body
+    batch = await rt.exports.rows_of("http", raw, media, sender)
+    del raw
+    if isinstance(batch, Accepted):
+        return _answer(batch, as_json, retry)
+    return _answer(await rt.exports.commit("http", batch), as_json, retry)
+
+
+def _answer(accepted: Accepted, as_json: bool, retry: dict[str, str]) -> Response:
+    """The HTTP answer to an export's outcome (the OTLP/HTTP specification's status codes)."""
+    outcome = accepted.outcome
+    if outcome is Outcome.INVALID:
+        return _status(400, code_pb2.INVALID_ARGUMENT, accepted.message, as_json)
+    if outcome in (Outcome.BEHIND, Outcome.OVERLOADED):
+        message = f"{accepted.message}; retry later"
+        return _status(429, code_pb2.RESOURCE_EXHAUSTED, message, as_json, retry)
+    if outcome is Outcome.UNAVAILABLE:
+        return _status(503, code_pb2.UNAVAILABLE, accepted.message, as_json, retry)
     response = ExportTraceServiceResponse()
-    rejected, message = partial_success(batch, result, rt.settings.max_spans_per_trace)
-    if rejected:
-        response.partial_success.rejected_spans = rejected
-        response.partial_success.error_message = message
-    committed = result.inserted if result else 0
-    metrics.export_done("http", "partial" if rejected else "ok", committed, batch.rejected)
+    if accepted.rejected:
+        response.partial_success.rejected_spans = accepted.rejected
+        response.partial_success.error_message = accepted.message
     body_out, out_media = _encode(response, as_json)
     return Response(body_out, status_code=200, media_type=out_media)

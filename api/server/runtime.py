@@ -14,11 +14,11 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from railtrace.ingest import BulkWriter
+from railtrace.ingest import BulkWriter, ExportAcceptor
 from railtrace.metrics import Metrics
+from railtrace.otlp.content import content_filter
 from railtrace.scheduling.assembler import Assembler, Pipeline, default_pipeline
 from railtrace.scheduling.workers import AssemblyWorkers, assembly_process_count
-from railtrace.server.security import content_filter
 from railtrace.server.senders import trusted_networks
 from railtrace.settings import Settings
 from railtrace.store import InsertResult, Store, make_engine, migrate
@@ -48,6 +48,14 @@ class Runtime:
             on_commit=self._committed,
             on_depth=self.metrics[semconv.M_INGEST_QUEUE].set,
             retry_max_s=settings.write_retry_max_s,
+        )
+        self.exports = ExportAcceptor(
+            self.writer,
+            self.content_filter,
+            self.metrics,
+            max_pending_spans=settings.max_pending_spans,
+            max_spans_per_trace=settings.max_spans_per_trace,
+            parse_inline_max_bytes=settings.parse_inline_max_bytes,
         )
         self.topology_holder: Any = None
         self.topology_error: str | None = None

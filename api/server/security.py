@@ -1,5 +1,5 @@
-"""Access and privacy at the service's edges: bearer tokens, TLS, CORS, exposure warnings,
-and the content-attribute filter applied to every export before it is parsed into rows.
+"""Access at the service's edges: bearer tokens, TLS, CORS and exposure warnings. (What an
+export may carry is the OTLP codec's concern: `railtrace.otlp.content`.)
 
 Tokens are optional and separate: one for OTLP ingest (`POST /v1/traces`, gRPC `Export`),
 one for the query API (`/api/...`). Liveness, readiness, `/metrics` and the OpenAPI
@@ -11,16 +11,11 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import grpc
 import orjson
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-from railtrace.otlp.content import KeyScan
-from railtrace.otlp.decode import DEFAULT_DROP, parse_json, parse_protobuf
-from railtrace_tracing import semconv
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -30,19 +25,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 INGEST_PATHS = ("/v1/traces",)
 API_PREFIX = "/api/"
-
-# Attribute keys dropped at ingest besides the registry's content attributes. A trailing `*`
-# matches by prefix: OpenLLMetry and OpenInference flatten messages into indexed keys such as
-# `gen_ai.prompt.0.content` and `llm.input_messages.0.message.content`.
-DEFAULT_DROP_ATTRIBUTES: tuple[str, ...] = (
-    *semconv.CONTENT_ATTRIBUTES,
-    "gen_ai.prompt.*",
-    "gen_ai.completion.*",
-    "llm.prompts.*",
-    "llm.input_messages.*",
-    "llm.output_messages.*",
-    "gen_ai.content.*",
-)
 
 
 def token_ok(header: str | None, token: str | None) -> bool:
@@ -157,80 +139,3 @@ def exposure_warnings(host: str, ingest_token: str | None, api_token: str | None
     if (ingest_token or api_token) and not tls:
         warnings.append("bearer tokens travel in clear text without TLS (set --tls-cert and --tls-key)")
     return warnings
-
-
-class ContentFilter:
-    """Drops configured attribute keys (exact, or prefix with a trailing `*`) from resources,
-    spans, span events and span links of an export, before anything is stored.
-
-    A byte scan rules out the usual export that carries none of them, so only exports that
-    may hold content pay for a parse here (the store parses the returned message, not the
-    bytes, so there is still one parse per export)."""
-
-    def __init__(self, keys: Iterable[str]) -> None:
-        exact: set[str] = set()
-        prefixes: list[str] = []
-        for key in keys:
-            key = key.strip()
-            if not key:
-                continue
-            if key.endswith("*"):
-                prefixes.append(key[:-1])
-            else:
-                exact.add(key)
-        self.exact = frozenset(exact)
-        self.prefixes = tuple(prefixes)
-        self.needles = tuple(sorted({k.encode() for k in (*self.exact, *self.prefixes) if k}))
-        self._scan = KeyScan(self.needles)
-        # Whether what passes this filter is free of every content attribute the store knows,
-        # so that the row builder need not search the call again.
-        self.covers_content = all(self.drops(k) for k in DEFAULT_DROP)
-
-    def __bool__(self) -> bool:
-        return bool(self.needles)
-
-    def drops(self, key: str) -> bool:
-        return key in self.exact or (bool(self.prefixes) and key.startswith(self.prefixes))
-
-    def may_match(self, raw: bytes, media: str = "application/x-protobuf") -> bool:
-        if media == "application/json" and b"\\u" in raw:
-            return True  # a key spelled with JSON escapes would slip past the byte scan
-        return self._scan(raw)
-
-    def _strip(self, container: Any) -> int:
-        dropped = 0
-        for i in range(len(container) - 1, -1, -1):
-            if self.drops(container[i].key):
-                del container[i]
-                dropped += 1
-        return dropped
-
-    def strip(self, request: ExportTraceServiceRequest) -> int:
-        """Remove matching attributes in place; returns how many were dropped."""
-        dropped = 0
-        for rs in request.resource_spans:
-            dropped += self._strip(rs.resource.attributes)
-            for ss in rs.scope_spans:
-                dropped += self._strip(ss.scope.attributes)
-                for s in ss.spans:
-                    dropped += self._strip(s.attributes)
-                    for e in s.events:
-                        dropped += self._strip(e.attributes)
-                    for link in s.links:
-                        dropped += self._strip(link.attributes)
-        return dropped
-
-    def apply(self, raw: bytes, media: str) -> bytes | ExportTraceServiceRequest:
-        """The body unchanged when it cannot hold a matching key, else the parsed, stripped
-        request (raises `PayloadError` for a body that is not an export request)."""
-        if not self.needles or not self.may_match(raw, media):
-            return raw
-        request = parse_json(raw) if media == "application/json" else parse_protobuf(raw)
-        self.strip(request)
-        return request
-
-
-def content_filter(keys: Sequence[str] | None) -> ContentFilter:
-    """The configured keys (default: `DEFAULT_DROP_ATTRIBUTES`); the registry's content
-    attributes are dropped whatever the configuration says."""
-    return ContentFilter([*semconv.CONTENT_ATTRIBUTES, *(DEFAULT_DROP_ATTRIBUTES if keys is None else keys)])

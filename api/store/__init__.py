@@ -1,4 +1,6 @@
-"""Storage: SQLAlchemy schema, Alembic migrations, the span/trace write path and typed queries.
+"""Storage: SQLAlchemy schema, Alembic migrations, the SQL of the span/trace write path and typed
+queries. What a row holds is decided by the OTLP codec (`railtrace.otlp.rows`); the store only
+writes and reads it.
 
 One schema serves SQLite (WAL, embedded default) and PostgreSQL (production). The spans of a
 trace from one export call are one row (a chunk of their OTLP protobuf encodings); resources
@@ -7,7 +9,6 @@ are stored once and referenced.
 
 from railtrace.store.engine import make_engine, migrate
 from railtrace.store.queries import Cursor, Page, RequestQuery, StoreError
-from railtrace.store.rows import RowBatch, rows_from_bytes, rows_from_request
 from railtrace.store.store import AssembledGroup, InsertResult, Store
 
 __all__ = [
@@ -16,11 +17,8 @@ __all__ = [
     "InsertResult",
     "Page",
     "RequestQuery",
-    "RowBatch",
     "Store",
     "StoreError",
     "make_engine",
     "migrate",
-    "rows_from_bytes",
-    "rows_from_request",
 ]

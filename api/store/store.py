@@ -44,11 +44,12 @@ from sqlalchemy.sql import Executable, Select
 
 from railtrace.model import RequestSummary, Span, resolution_label
 from railtrace.normalize import normalize_span, request_id_forms
+from railtrace.otlp.rows import RowBatch, chunk_records
+from railtrace.otlp.spans import StoredResource, records_reader
 from railtrace.store.engine import SqliteWal, SqliteWriters, checkpoint_sqlite_wal, is_sqlite
 from railtrace.store.queries import Cursor, Page, RequestOrder, RequestQuery, StoreError
 from railtrace.store.rollup import DIMENSIONS, REQUEST_COLUMNS, RollupDelta, hour_of
 from railtrace.store.rollup import read as rollup_read
-from railtrace.store.rows import RowBatch, chunk_records
 from railtrace.store.schema import (
     FREE,
     LEASED,
@@ -60,7 +61,6 @@ from railtrace.store.schema import (
     trace_keys,
     traces,
 )
-from railtrace.store.spans import StoredResource, records_reader
 
 INSERT_COLUMNS = "trace_id, chunk_id, received_ns, span_count, body"
 MAX_KNOWN_RESOURCES = 100_000

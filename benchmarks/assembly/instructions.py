@@ -44,7 +44,7 @@ READ_SPANS = 4096  # spans of the benchmark payload read by --per-span
 
 
 def store(url: str, requests: int) -> None:
-    from railtrace.ingest.writer import prepare
+    from railtrace.otlp.export import prepare
     from railtrace.store import Store, make_engine, migrate
 
     engine = make_engine(url)
@@ -88,8 +88,8 @@ def read_spans(path: str, passes: int) -> int:
     them: through upb and `span_from_pb` ("upb") or through the C reader ("c")."""
     from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
-    from railtrace.ingest.writer import prepare
-    from railtrace.store.rows import chunk_records, span_from_pb
+    from railtrace.otlp.export import prepare
+    from railtrace.otlp.rows import chunk_records, span_from_pb
 
     records = [
         (chunk[0], encoding)
@@ -99,7 +99,7 @@ def read_spans(path: str, passes: int) -> int:
     ]
     resource = {"resource": {"service.name": "vllm-decode"}, "scope": "vllm"}
     if path == "c":
-        from railtrace.store.spans import span_reader
+        from railtrace.otlp.spans import span_reader
 
         read = span_reader(accelerated=True)
     else:

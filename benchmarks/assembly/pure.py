@@ -21,7 +21,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from railtrace.assembly import assemble
-from railtrace.otlp.decode import decode
+from railtrace.otlp.reference import decode
 from railtrace.simulator import Emitter, Processes, build_fleet, resolve, simulate
 from tests.fixtures.otlp_fixtures import SinkExporter
 

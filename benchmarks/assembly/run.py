@@ -27,8 +27,8 @@ sys.path.insert(0, str(HERE.parent / "ingest"))
 from payload import export_calls  # noqa: E402
 from run import Database  # noqa: E402
 
-from railtrace.ingest.writer import prepare  # noqa: E402
 from railtrace.metrics import Metrics  # noqa: E402
+from railtrace.otlp.export import prepare  # noqa: E402
 from railtrace.scheduling.assembler import Assembler, default_pipeline  # noqa: E402
 from railtrace.settings import Settings  # noqa: E402
 from railtrace.store import Store, make_engine, migrate  # noqa: E402

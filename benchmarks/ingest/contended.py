@@ -26,8 +26,8 @@ from harness import uptime  # noqa: E402
 from payload import export_calls  # noqa: E402
 
 import railtrace.store.store as store_module  # noqa: E402
-from railtrace.ingest import prepare  # noqa: E402
-from railtrace.server.security import content_filter  # noqa: E402
+from railtrace.otlp.content import content_filter  # noqa: E402
+from railtrace.otlp.export import prepare  # noqa: E402
 from railtrace.store import Store, make_engine, migrate  # noqa: E402
 
 PROTOBUF = "application/x-protobuf"

@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE))
 from payload import export_calls  # noqa: E402
 from run import Database  # noqa: E402
 
-from railtrace.ingest import prepare  # noqa: E402
+from railtrace.otlp.export import prepare  # noqa: E402
 from railtrace.store import Store, make_engine, migrate  # noqa: E402
 
 

@@ -33,11 +33,11 @@ sys.path.insert(0, str(HERE))
 from harness import PROTOBUF, cpu_seconds, free_port, post_all, serve_process  # noqa: E402
 from payload import export_calls  # noqa: E402
 
-from railtrace.ingest import prepare  # noqa: E402
 from railtrace.otlp import accelerators, decode  # noqa: E402
 from railtrace.otlp.decode import parse_protobuf  # noqa: E402
+from railtrace.otlp.export import prepare  # noqa: E402
+from railtrace.otlp.rows import rows_from_request  # noqa: E402
 from railtrace.store import Store, make_engine, migrate  # noqa: E402
-from railtrace.store.rows import rows_from_request  # noqa: E402
 
 PG_ADMIN = os.environ.get("RAILTRACE_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 

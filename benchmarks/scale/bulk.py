@@ -194,7 +194,7 @@ class Inserter:
     """The receiver's and the writer's steps for a list of export calls, in this process."""
 
     def __init__(self, db_url: str, batch_spans: int = 4096) -> None:
-        from railtrace.server.security import content_filter
+        from railtrace.otlp.content import content_filter
         from railtrace.settings import Settings
         from railtrace.store import Store, make_engine
 
@@ -206,7 +206,7 @@ class Inserter:
 
     def insert(self, calls: Sequence[bytes]) -> tuple[int, int]:
         """Commit the calls' spans (group commits of up to `batch_spans`); (inserted, duplicates)."""
-        from railtrace.ingest.writer import prepare
+        from railtrace.otlp.export import prepare
 
         media = "application/x-protobuf"
         inserted = duplicates = 0

@@ -851,8 +851,8 @@ def memory_terms(seed: int = 7, n_calls: int = 8) -> dict[str, float]:
     import gc
     import tracemalloc
 
-    from railtrace.ingest import prepare
     from railtrace.otlp.decode import parse_protobuf
+    from railtrace.otlp.export import prepare
     from railtrace.store import Store, make_engine, migrate
 
     supply = Calls(seed=seed, templates=2)

@@ -14,7 +14,7 @@ import pytest
 
 from railtrace.assembly import assemble, request_keys
 from railtrace.model import RequestFacts
-from railtrace.otlp.decode import decode
+from railtrace.otlp.reference import decode
 from tests.fixtures.otlp_fixtures import (
     load_expected,
     load_spans,

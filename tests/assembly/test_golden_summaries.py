@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from railtrace.assembly import assemble
 from railtrace.model import Span
-from railtrace.otlp.decode import decode
+from railtrace.otlp.reference import decode
 from railtrace.simulator import GENERATIONS, Emitter, Processes, build_fleet, resolve, simulate
 from railtrace.topology import Topology, load_paths
 from railtrace.verdicts import VerdictConfig, judge

@@ -9,9 +9,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from railtrace.otlp.content import KNOWN_KEYS, KeyScan, covering_substrings
+from railtrace.otlp.content import KNOWN_KEYS, ContentFilter, KeyScan, content_filter, covering_substrings
 from railtrace.otlp.decode import DEFAULT_DROP
-from railtrace.server.security import ContentFilter, content_filter
 
 KEYS = st.binary(min_size=1, max_size=40)
 

@@ -14,7 +14,8 @@ from google.rpc import status_pb2
 from reliability_helpers import PROTOBUF, post
 
 from railtrace.otlp import PayloadError
-from railtrace.otlp.decode import INFLATE_STEP, MAX_GZIP_MEMBERS, TooLarge, inflate_bounded
+from railtrace.otlp.bounds import INFLATE_STEP, MAX_GZIP_MEMBERS
+from railtrace.otlp.decode import TooLarge, inflate_bounded
 from railtrace.server.runner import Service
 from railtrace.settings import Settings
 

@@ -1,12 +1,12 @@
 """The store's own content check, defence in depth behind the receivers' filter
-(`railtrace.server.security.ContentFilter`): rows built without going through a receiver
+(`railtrace.otlp.content.ContentFilter`): rows built without going through a receiver
 must not hold content attributes either, including those in span links."""
 
 from __future__ import annotations
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from railtrace.store.rows import rows_from_request
+from railtrace.otlp.rows import rows_from_request
 
 SECRET = b"PROMPT-IN-A-LINK"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from railtrace.ingest.writer import prepare
 from railtrace.metrics import Metrics
+from railtrace.otlp.export import prepare
 from railtrace.scheduling.assembler import Assembler, default_pipeline
 from railtrace.store import AssembledGroup, Store, make_engine, migrate
 from railtrace.store.schema import requests as requests_table

@@ -15,8 +15,8 @@ import pytest
 from service_helpers import export_request, settings_for, trace_id
 from sqlalchemy import select
 
-from railtrace.ingest.writer import prepare
 from railtrace.metrics import Metrics
+from railtrace.otlp.export import prepare
 from railtrace.scheduling.assembler import GATHER_NS, Assembler, default_pipeline
 from railtrace.settings import Settings
 from railtrace.store import Store

@@ -18,13 +18,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 
 from benchmarks.ingest.payload import export_calls
-from railtrace.ingest import prepare
 from railtrace.otlp import accelerators
-from railtrace.otlp.content import KeyScan
+from railtrace.otlp.content import KeyScan, content_filter
 from railtrace.otlp.decode import PayloadError, parse_protobuf
 from railtrace.otlp.encode import key_value
-from railtrace.server.security import content_filter
-from railtrace.store.rows import RowBatch, rows_from_bytes, rows_from_request
+from railtrace.otlp.export import prepare
+from railtrace.otlp.rows import RowBatch, rows_from_bytes, rows_from_request
 from tests.fixtures.otlp_fixtures import protobuf_body, scenario_names
 from tests.reliability.otlp_strategies import export_requests, mangled, varint
 

@@ -14,13 +14,13 @@ from pathlib import Path
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from sqlalchemy import text
 
-from railtrace.ingest import prepare
 from railtrace.normalize import span_request_keys
 from railtrace.otlp import decode
 from railtrace.otlp.decode import parse_protobuf
 from railtrace.otlp.encode import key_value
+from railtrace.otlp.export import prepare
+from railtrace.otlp.rows import chunk_records, rows_from_request, span_slices
 from railtrace.store import Store, make_engine, migrate
-from railtrace.store.rows import chunk_records, rows_from_request, span_slices
 from railtrace.store.store import _insert_values
 
 T0 = 1_790_000_000 * 10**9

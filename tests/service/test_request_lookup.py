@@ -183,8 +183,8 @@ def test_a_kv_span_alone_is_stored_under_the_public_key_too() -> None:
     the C-accelerated and the Python row paths)."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    from railtrace.ingest import prepare
     from railtrace.otlp.encode import key_value
+    from railtrace.otlp.export import prepare
 
     public = "6f1c2b0e-9d7a-4c1e-8b2f-3a4d5e6f7a8b"
     req = ExportTraceServiceRequest()

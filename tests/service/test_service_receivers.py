@@ -10,6 +10,7 @@ import gzip
 import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import grpc
 import httpx
@@ -28,7 +29,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from service_helpers import export_request, settings_for, span_id, trace_id, wait_for
 from sqlalchemy import create_engine, select, text
 
-from railtrace.server import otlp_http
 from railtrace.server.runner import Service
 from railtrace.store.schema import span_chunks
 from railtrace.store.schema import traces as traces_table
@@ -356,20 +356,21 @@ def test_small_exports_are_parsed_inline_and_large_ones_in_a_worker_thread(db_ur
     large = export_request([2, 3, 4]).SerializeToString()
     with Service(settings_for(db_url, parse_inline_max_bytes=len(small))) as svc:
         calls: list[str] = []
-        prepare = otlp_http._prepare
+        exports = svc.runtime.exports
+        rows = exports.rows
 
-        def spy(*args: object) -> object:
+        def spy(*args: Any) -> Any:
             calls.append(threading.current_thread().name)
-            return prepare(*args)
+            return rows(*args)
 
-        otlp_http._prepare = spy
+        exports.rows = spy  # type: ignore[method-assign]
         try:
             assert post(svc, small).status_code == 200
             assert post(svc, large).status_code == 200
             assert post(svc, b"\xff" * (len(small) + 1)).status_code == 400
             assert post(svc, b"\xff" * 10).status_code == 400
         finally:
-            otlp_http._prepare = prepare
+            del exports.rows
         assert stored_spans(svc) == 32
     inline, threaded, threaded_bad, inline_bad = calls
     assert inline == inline_bad and threaded == threaded_bad

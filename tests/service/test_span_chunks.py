@@ -17,20 +17,20 @@ from alembic.script import ScriptDirectory
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from sqlalchemy import Engine, text
 
-from railtrace.ingest import prepare
 from railtrace.normalize import span_request_keys
 from railtrace.otlp import decode
 from railtrace.otlp.decode import DEFAULT_DROP, DecodeResult, attributes, parse_protobuf
 from railtrace.otlp.encode import key_value as kv
-from railtrace.store import Store, make_engine, migrate
-from railtrace.store.engine import alembic_config, pg_has_lz4
-from railtrace.store.rows import (
+from railtrace.otlp.export import prepare
+from railtrace.otlp.rows import (
     RECORD_HEADER,
     chunk_records,
     resource_key,
     rows_from_request,
     service_name_of,
 )
+from railtrace.store import Store, make_engine, migrate
+from railtrace.store.engine import alembic_config, pg_has_lz4
 from tests.fixtures.otlp_fixtures import protobuf_body, scenario_names, split_protobuf_bodies
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -208,7 +208,7 @@ def test_join_keys_of_the_fixtures_are_the_decoded_spans_strongest_keys() -> Non
     engine form (`<id>-<8 hex>`, a KV connector's) is stored in both forms, since the wire scan
     does not tell which attribute carried it (`rows.key_pair`)."""
     from railtrace.normalize import table as ntable
-    from railtrace.store.rows import key_pair
+    from railtrace.otlp.rows import key_pair
 
     for raw in fixture_calls():
         batch = rows_from_request(parse_protobuf(raw), raw=raw, content_free=True)

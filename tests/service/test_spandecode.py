@@ -34,15 +34,15 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 from opentelemetry.sdk.trace import ReadableSpan
 
-from railtrace.ingest import prepare
 from railtrace.model import Span
 from railtrace.normalize import normalize_span
+from railtrace.otlp import spans as stored_spans
 from railtrace.otlp.accelerators import PURE_PYTHON_ENV
 from railtrace.otlp.decode import DEFAULT_DROP
+from railtrace.otlp.export import prepare
+from railtrace.otlp.rows import RECORD_HEADER, chunk_records
 from railtrace.simulator import GENERATIONS, Emitter, Processes, build_fleet, resolve, simulate
 from railtrace.store import Store, make_engine, migrate
-from railtrace.store import spans as stored_spans
-from railtrace.store.rows import RECORD_HEADER, chunk_records
 from tests.fixtures.otlp_fixtures import SinkExporter, scenario_names, split_protobuf_bodies
 from tests.reliability.otlp_strategies import array_value, kvlist_value, varint
 
@@ -150,7 +150,7 @@ def test_without_the_extension_spans_are_read_through_upb() -> None:
     """An install without a C compiler has no `_spandecode`: everything takes the upb path."""
     script = (
         "import sys; sys.modules['railtrace.otlp._spandecode'] = None\n"
-        "from railtrace.store import spans\n"
+        "from railtrace.otlp import spans\n"
         "assert not spans.c_reader_available()\n"
         "assert spans.span_reader() is spans.read_upb\n"
         "try:\n"

@@ -200,7 +200,7 @@ def test_a_wal_that_readers_kept_from_starting_afresh_is_truncated(tmp_path: Pat
 
 
 def test_the_span_writer_checkpoints_the_wal_after_its_commits(tmp_path: Path, monkeypatch: object) -> None:
-    from railtrace.ingest.writer import prepare
+    from railtrace.otlp.export import prepare
     from railtrace.store import Store, migrate
     from railtrace.store import store as store_mod
     from tests.fixtures.otlp_fixtures import protobuf_body
@@ -237,7 +237,7 @@ def test_the_span_writer_flushes_the_wal_after_its_turn_and_before_it_returns(
     (whose return is what the exports wait for) fsyncs the WAL file holding its commit, after
     giving up its writers' turn; the first time, and whenever the WAL file is a new one, also
     its directory. (Power loss itself is not available to a test; the order of the calls is.)"""
-    from railtrace.ingest.writer import prepare
+    from railtrace.otlp.export import prepare
     from railtrace.store import Store, migrate
     from railtrace.store import engine as engine_mod
     from tests.fixtures.otlp_fixtures import protobuf_body
@@ -349,7 +349,7 @@ def test_writers_take_turns_across_instances_and_reenter_within_a_thread(tmp_pat
 
 
 def test_every_store_write_takes_a_turn_on_sqlite_and_none_on_postgresql(db_url: str) -> None:
-    from railtrace.ingest.writer import prepare
+    from railtrace.otlp.export import prepare
     from railtrace.store import Store, migrate
     from tests.fixtures.otlp_fixtures import protobuf_body
 

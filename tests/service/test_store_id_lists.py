@@ -18,14 +18,14 @@ import orjson
 import pytest
 from sqlalchemy import insert, select
 
-from railtrace.ingest.writer import prepare
 from railtrace.metrics import Metrics
+from railtrace.otlp import spans as stored_spans
+from railtrace.otlp.export import prepare
+from railtrace.otlp.rows import chunk_records
+from railtrace.otlp.spans import StoredResource
 from railtrace.scheduling.assembler import Assembler, default_pipeline
 from railtrace.store import Store, make_engine, migrate
-from railtrace.store import spans as stored_spans
-from railtrace.store.rows import chunk_records
 from railtrace.store.schema import requests, resources, span_chunks, trace_keys, traces
-from railtrace.store.spans import StoredResource
 from railtrace.store.store import among, listed
 from railtrace.topology import TopologyHolder
 

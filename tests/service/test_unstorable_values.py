@@ -15,9 +15,9 @@ from __future__ import annotations
 from service_helpers import export_request, settings_for, trace_id
 from sqlalchemy import select
 
-from railtrace.ingest.writer import prepare
 from railtrace.metrics import Metrics
 from railtrace.otlp.encode import key_value as kv
+from railtrace.otlp.export import prepare
 from railtrace.scheduling.assembler import Assembler, default_pipeline
 from railtrace.store import Store
 from railtrace.store.schema import requests as requests_table

@@ -12,7 +12,8 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from railtrace.ingest import BulkWriter, WriterUnavailable
 from railtrace.ingest.writer import FAILURES_BEFORE_REFUSING
-from railtrace.store import InsertResult, RowBatch
+from railtrace.otlp.rows import RowBatch
+from railtrace.store import InsertResult
 
 
 def _unreachable() -> OperationalError:

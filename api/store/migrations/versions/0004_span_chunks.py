@@ -15,7 +15,8 @@ import sqlalchemy as sa
 from alembic import op
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
-from railtrace.store.rows import MAX_NAME, RECORD_HEADER, chunk_id, chunk_records, service_name_of
+from railtrace.otlp.bounds import MAX_NAME
+from railtrace.otlp.rows import RECORD_HEADER, chunk_id, chunk_records, service_name_of
 
 revision = "0004"
 down_revision = "0003"

@@ -28,30 +28,15 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 from railtrace.model import Span
 from railtrace.otlp.accelerators import built, pure_python
-from railtrace.otlp.decode import (
-    DEFAULT_DROP,
-    MAX_ARRAY_ITEMS,
-    MAX_ATTR_VALUE_CHARS,
-    MAX_ATTRIBUTES,
-    MAX_DEPTH,
-    MAX_EVENTS,
-)
-from railtrace.store.rows import MAX_NAME, service_name_of, span_from_pb
+from railtrace.otlp.bounds import SPAN_READER_BOUNDS
+from railtrace.otlp.decode import DEFAULT_DROP
+from railtrace.otlp.rows import service_name_of, span_from_pb
 
 # None when installed without a C compiler: the upb path only. The switch is read per reader.
 _spandecode = built("_spandecode")
 
 # The bounds the C reader applies; it is used only while they equal the Python ones.
-BOUNDS = {
-    "MAX_ATTR_VALUE_CHARS": MAX_ATTR_VALUE_CHARS,
-    "MAX_ARRAY_ITEMS": MAX_ARRAY_ITEMS,
-    "MAX_DEPTH": MAX_DEPTH,
-    "MAX_ATTRIBUTES": MAX_ATTRIBUTES,
-    "MAX_EVENTS": MAX_EVENTS,
-    "MAX_NAME": MAX_NAME,
-    "MAX_STATUS_MESSAGE": 1024,
-    "MAX_EVENT_NAME": 256,
-}
+BOUNDS = SPAN_READER_BOUNDS
 
 SpanReader = Callable[[str, bytes, dict[str, Any]], Span]
 

@@ -32,15 +32,20 @@ from railtrace.model import Span
 from railtrace.normalize import normalize_request_id, normalize_span
 from railtrace.normalize.table import KEY_ATTRIBUTES
 from railtrace.otlp.accelerators import wirescan
-from railtrace.otlp.content import KeyScan
-from railtrace.otlp.decode import (
-    DEFAULT_DROP,
+from railtrace.otlp.bounds import (
+    MAX_EVENT_NAME,
     MAX_EVENTS,
+    MAX_KEY,
+    MAX_NAME,
+    MAX_SCOPE_NAME,
+    MAX_SERVICE_NAME,
+    MAX_STATUS_MESSAGE,
     MAX_TIME_NS,
     MIN_TIME_NS,
-    DecodeResult,
-    attributes,
 )
+from railtrace.otlp.content import KeyScan
+from railtrace.otlp.decode import DEFAULT_DROP, DecodeResult, attributes
+from railtrace.otlp.validity import span_problem
 from railtrace_tracing import semconv
 from railtrace_tracing.semconv import RES_OTLP_PEER
 
@@ -51,8 +56,6 @@ ChunkRow = list[Any]
 RECORD_HEADER = struct.Struct(">QI")
 # A content attribute's key as it appears on the wire: length byte, key, AnyValue tag.
 CONTENT_NEEDLES = tuple(bytes([len(k)]) + k.encode() + b"\x12" for k in sorted(DEFAULT_DROP) if len(k) < 128)
-MAX_NAME = 512
-MAX_KEY = 256
 
 
 @dataclass(slots=True)
@@ -79,7 +82,7 @@ class RowBatch:
 
 def service_name_of(resource: dict[str, Any]) -> str:
     service = resource.get(semconv.RES_SERVICE_NAME)
-    return (service if isinstance(service, str) else "unknown_service")[:256]
+    return (service if isinstance(service, str) else "unknown_service")[:MAX_SERVICE_NAME]
 
 
 def chunk_id(body: bytes) -> int:
@@ -115,21 +118,7 @@ def resource_key(resource: dict[str, Any], scope: str) -> tuple[int, bytes]:
 
 
 def _invalid(s: PbSpan) -> str | None:
-    """The same rules as `railtrace.otlp.decode`: ids, time range, order."""
-    tid, sid = s.trace_id, s.span_id
-    if len(tid) != 16 or tid == b"\0" * 16:
-        return f"span {sid.hex() or '?'}: trace_id must be 16 non-zero bytes"
-    if len(sid) != 8 or sid == b"\0" * 8:
-        return f"span in trace {tid.hex()}: span_id must be 8 non-zero bytes"
-    parent = s.parent_span_id
-    if parent and len(parent) != 8:
-        return f"span {sid.hex()}: parent_span_id must be empty or 8 bytes"
-    start, end = s.start_time_unix_nano, s.end_time_unix_nano
-    if not (MIN_TIME_NS <= start < MAX_TIME_NS) or not (MIN_TIME_NS <= end < MAX_TIME_NS):
-        return f"span {sid.hex()}: start or end time is out of range"
-    if end < start:
-        return f"span {sid.hex()}: ends before it starts"
-    return None
+    return span_problem(s.trace_id, s.span_id, s.parent_span_id, s.start_time_unix_nano, s.end_time_unix_nano)
 
 
 def _strip_content(s: PbSpan) -> int:
@@ -334,10 +323,6 @@ def span_slices(raw: bytes) -> list[tuple[list[bytes], int, int]] | None:
     return out
 
 
-_ZERO_TRACE = bytes(16)
-_ZERO_SPAN = bytes(8)
-
-
 def stamp_sender(resource: dict[str, Any], sender: str | None) -> dict[str, Any]:
     """Record who sent a resource (`railtrace.otlp.peer`): the service's own observation,
     so a sender's value for the key is replaced, never trusted. Identity resolution matches it
@@ -359,7 +344,7 @@ def _scopes(
     for rs in request.resource_spans:
         resource = stamp_sender(attributes(rs.resource.attributes, DEFAULT_DROP, result), sender)
         for ss in rs.scope_spans:
-            rid, blob = resource_key(resource, ss.scope.name[:256])
+            rid, blob = resource_key(resource, ss.scope.name[:MAX_SCOPE_NAME])
             batch.resources[rid] = blob
             out.append((rid, ss))
     batch.dropped_content_attributes += result.dropped_content_attributes
@@ -419,7 +404,7 @@ def rows_from_bytes(raw: bytes, content_free: bool = False, sender: str | None =
                     attributes(message.attributes, DEFAULT_DROP, result), sender
                 )
             scope = InstrumentationScope.FromString(scope_bytes)
-            rid, blob = resource_key(resource, scope.name[:256])
+            rid, blob = resource_key(resource, scope.name[:MAX_SCOPE_NAME])
             batch.resources[rid] = blob
             scopes.append((rid, span_count))
     except DecodeError:
@@ -471,7 +456,6 @@ def _rows_python(
     roots: set[bytes] = set()
     keys: set[tuple[str, bytes]] = set()  # (request key, trace id bytes)
     add_key = keys.add
-    lo, hi = MIN_TIME_NS, MAX_TIME_NS
     pack = RECORD_HEADER.pack
     for scope_index, (rid, ss) in enumerate(scopes):
         spans = ss.spans
@@ -489,22 +473,14 @@ def _rows_python(
         last_tid = b""
         pieces: list[bytes] = []
         for i, s in enumerate(spans):
-            tid = s.trace_id
-            sid = s.span_id
-            parent = s.parent_span_id
-            start = s.start_time_unix_nano
-            if (
-                len(tid) != 16
-                or len(sid) != 8
-                or (parent and len(parent) != 8)
-                or not (lo <= start <= s.end_time_unix_nano < hi)
-                or tid == _ZERO_TRACE
-                or sid == _ZERO_SPAN
-            ):
+            problem = _invalid(s)
+            if problem is not None:
                 batch.rejected += 1
                 if len(batch.errors) < 50:
-                    batch.errors.append(_invalid(s) or f"span {sid.hex()}: invalid")
+                    batch.errors.append(problem)
                 continue
+            tid = s.trace_id
+            sid = s.span_id
             ident = tid + sid
             if ident in seen:  # the same span twice in one call
                 continue
@@ -519,7 +495,7 @@ def _rows_python(
             if tid != last_tid:
                 last_tid = tid
                 pieces = parts.setdefault(tid, [])
-            if not parent:
+            if not s.parent_span_id:
                 roots.add(tid)
             if needles is None or needles:
                 request_key, short = _request_key(body, key_cache, needles)
@@ -551,14 +527,14 @@ def span_from_pb(trace_id: str, pb: PbSpan, resource: dict[str, Any], normalize:
         start_ns=pb.start_time_unix_nano,
         end_ns=pb.end_time_unix_nano,
         status_code=int(pb.status.code),
-        status_message=pb.status.message[:1024],
+        status_message=pb.status.message[:MAX_STATUS_MESSAGE],
         service_name=service_name_of(attrs),
         scope_name=resource.get("scope", ""),
         attributes=attributes(pb.attributes, DEFAULT_DROP, result),
         resource=attrs,
         events=[
             {
-                "name": e.name[:256],
+                "name": e.name[:MAX_EVENT_NAME],
                 "time_ns": e.time_unix_nano,
                 "attributes": attributes(e.attributes, DEFAULT_DROP, result),
             }
