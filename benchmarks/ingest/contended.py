@@ -25,7 +25,7 @@ sys.path.insert(0, str(HERE))
 from harness import uptime  # noqa: E402
 from payload import export_calls  # noqa: E402
 
-import railtrace.store.store as store_module  # noqa: E402
+import railtrace.store.statements as store_module  # noqa: E402  (`_insert_values` reads its limit there)
 from railtrace.otlp.content import content_filter  # noqa: E402
 from railtrace.otlp.export import prepare  # noqa: E402
 from railtrace.store import Store, make_engine, migrate  # noqa: E402

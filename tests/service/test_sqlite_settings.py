@@ -202,7 +202,7 @@ def test_a_wal_that_readers_kept_from_starting_afresh_is_truncated(tmp_path: Pat
 def test_the_span_writer_checkpoints_the_wal_after_its_commits(tmp_path: Path, monkeypatch: object) -> None:
     from railtrace.otlp.export import prepare
     from railtrace.store import Store, migrate
-    from railtrace.store import store as store_mod
+    from railtrace.store import upkeep as store_mod  # the span writer's checkpoint
     from tests.fixtures.otlp_fixtures import protobuf_body
 
     real = store_mod.checkpoint_sqlite_wal
