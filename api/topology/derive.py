@@ -356,7 +356,8 @@ class _Derivation:
                 if labels.get(k):
                     return labels[k], k
             if n.get("attr_" + attr):
-                return n["attr_" + attr]
+                value: tuple[str, str] = n["attr_" + attr]  # (value, the attribute key that gave it)
+                return value
             return None, None
 
         zone, _ = pick("zone", ZONE_LABELS, "zone")
@@ -402,12 +403,12 @@ class _Derivation:
         self, nodes: Mapping[str, Node], pairings: Mapping[tuple[str, str], Pairing]
     ) -> list[DiscoveryGap]:
         gaps = []
-        for node in nodes.values():
-            missing = [k for k in ("block", "subblock", "host") if getattr(node, k) is None]
-            red = self.f.nodes[node.name].get("redacted")
+        for model_node in nodes.values():
+            missing = [k for k in ("block", "subblock", "host") if getattr(model_node, k) is None]
+            red = self.f.nodes[model_node.name].get("redacted")
             note = f"values redacted: {', '.join(sorted(red))}" if red else ""
-            if missing and (self.gpus.on(node.name) or self.nics.on(node.name)):
-                gaps.append(DiscoveryGap(f"node/{node.name}", tuple(missing), note))
+            if missing and (self.gpus.on(model_node.name) or self.nics.on(model_node.name)):
+                gaps.append(DiscoveryGap(f"node/{model_node.name}", tuple(missing), note))
         for (node, driver), names in sorted(self.f.unknown_devices.items()):
             shown = ", ".join(names[:4]) + ("…" if len(names) > 4 else "")
             gaps.append(

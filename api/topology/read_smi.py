@@ -7,7 +7,7 @@ known at that index on the node (or add one) instead of adding a second device.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from railtrace.topology.facts import RDMA_NAME, Facts
 from railtrace.topology.model import GPU, NIC, unique
@@ -22,7 +22,7 @@ def read_topo_matrix(facts: Facts, node: str, matrix: TopoMatrix, src: str) -> N
     for idx, info in matrix.gpus.items():
         g = by_index.get(idx) or GPU(node=node, name=f"gpu-{idx}", index=idx)
         if g.numa is None and info.get("numa") is not None:
-            g = replace(g, numa=info["numa"], numa_source="nvidia-smi topo -m NUMA Affinity")
+            g = replace(g, numa=cast("int", info["numa"]), numa_source="nvidia-smi topo -m NUMA Affinity")
         facts.gpus[(node, g.name)] = replace(g, sources=unique((*g.sources, src)))
     gpu_numa = {idx: info.get("numa") for idx, info in matrix.gpus.items()}
     for nic_name in matrix.nics:
@@ -40,7 +40,9 @@ def read_topo_matrix(facts: Facts, node: str, matrix: TopoMatrix, src: str) -> N
                 if n == nic_name and code in ("PIX", "PXB", "PHB", "NODE")
             } - {None}
             if len(near) == 1:
-                nic = replace(nic, numa=near.pop(), numa_source="nvidia-smi topo -m (NODE/PIX to a GPU)")
+                nic = replace(
+                    nic, numa=cast("int", near.pop()), numa_source="nvidia-smi topo -m (NODE/PIX to a GPU)"
+                )
         facts.nics[(node, nic.name)] = replace(nic, sources=unique((*nic.sources, src)))
 
 
