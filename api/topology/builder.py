@@ -84,7 +84,7 @@ class TopologyBuilder:
                 raise ValueError(f"railtrace topology `{key}` must be a list")
         self._docs.append((dict(doc), source or "railtrace topology"))
 
-    # -- derivation ----------------------------------------------------------------------
+    # -- build ---------------------------------------------------------------------------
     def build(self) -> Topology:
         """Read every input into one set of facts, in a fixed order of kinds, then derive from them.
 

@@ -62,7 +62,7 @@ def derive(facts: Facts, claims: Claims, rest: ByKind, sources: tuple[str, ...])
 
 
 class _Derivation:
-    """One pass over the merged facts; it adds rails and allocation-only NICs to them."""
+    """One pass over the merged facts; only the rails it finds are written back into them."""
 
     def __init__(self, facts: Facts) -> None:
         self.f = facts
