@@ -476,18 +476,18 @@ def test_gke_ucx_env_excerpt_is_not_topology(fix: Path) -> None:
 def test_gke_topology_label_keys_are_all_read(fix: Path) -> None:
     import re
 
-    from railtrace.topology import builder
+    from railtrace.topology import k8s_keys
 
     text = (_g(fix) / "llm-d-doc__gke-topology-label-keys.md").read_text()
     keys = set(re.findall(r"`([a-z0-9.\-]+/[a-zA-Z0-9.\-]+)`", text)) | set(
         re.findall(r'"([a-z0-9.\-]+/[a-z\-.]+)"', text)
     )
     known = set(
-        builder.ZONE_LABELS
-        + builder.BLOCK_LABELS
-        + builder.SUBBLOCK_LABELS
-        + builder.HOST_LABELS
-        + builder.NVLINK_LABELS
+        k8s_keys.ZONE_LABELS
+        + k8s_keys.BLOCK_LABELS
+        + k8s_keys.SUBBLOCK_LABELS
+        + k8s_keys.HOST_LABELS
+        + k8s_keys.NVLINK_LABELS
     ) | {"kubernetes.io/hostname", "cloud.google.com/gke-nodepool"}
     assert keys and keys <= known, keys - known
     t = load_paths([_g(fix) / "llm-d-doc__gke-topology-label-keys.md"])  # documentation: skipped, said so
