@@ -51,7 +51,13 @@ def store_at(rev: str) -> type:
     ).stdout
     module = types.ModuleType(f"railtrace.store.store_at_{rev}")
     sys.modules[module.__name__] = module  # dataclasses look their module up there
-    exec(compile(src, f"store.py@{rev}", "exec"), module.__dict__)
+    try:
+        exec(compile(src, f"store.py@{rev}", "exec"), module.__dict__)
+    except ImportError as e:
+        raise SystemExit(
+            f"--before {rev}: its store.py imports what has moved since ({e}); "
+            "run the benchmark from a checkout of that revision instead"
+        ) from e
     return module.Store
 
 
