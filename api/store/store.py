@@ -3,8 +3,8 @@ runs, each handed to the module of its job -- span writes (`writes.py`), trace l
 (`leases.py`), reads (`reads.py`), assembly results (`publish.py`), upkeep (`upkeep.py`) -- over
 one shared `StoreContext` (`connection.py`); statement building is in `statements.py`.
 
-The names other modules and tests import from here (`InsertResult`, `AssembledGroup`,
-`DirtyTrace`, `list_statement`, `among`, `listed`, ...) are re-exported from their modules.
+The result types callers see (`InsertResult`, `AssembledGroup`, `DirtyTrace`) are re-exported
+here; statement helpers are imported from the module that holds them.
 """
 
 from __future__ import annotations
@@ -16,49 +16,15 @@ from sqlalchemy import Engine
 
 from railtrace.model import RequestSummary, Span
 from railtrace.otlp.rows import RowBatch
-from railtrace.store.connection import MAX_KNOWN_RESOURCES, StoreContext
-from railtrace.store.leases import DirtyTrace, Leases, _release, _unchanged
-from railtrace.store.publish import AssembledGroup, Publisher, _delete_requests, _request_rows, _save
+from railtrace.store.connection import StoreContext
+from railtrace.store.leases import DirtyTrace, Leases
+from railtrace.store.publish import AssembledGroup, Publisher
 from railtrace.store.queries import Page, RequestQuery
-from railtrace.store.reads import PAGE_CHUNKS, STATS_KEYS, Reads, _fetch_binary, _raw_stats, list_statement
-from railtrace.store.statements import (
-    INSERT_COLUMNS,
-    MAX_ROWS_PER_STATEMENT,
-    _insert_values,
-    _per_value_plans,
-    _statements,
-    among,
-    listed,
-)
-from railtrace.store.upkeep import CHECKPOINT_INTERVAL_S, STATISTICS_MIN_ROWS, Upkeep
+from railtrace.store.reads import Reads
+from railtrace.store.upkeep import Upkeep
 from railtrace.store.writes import InsertResult, SpanWrites
 
-__all__ = [
-    "CHECKPOINT_INTERVAL_S",
-    "INSERT_COLUMNS",
-    "MAX_KNOWN_RESOURCES",
-    "MAX_ROWS_PER_STATEMENT",
-    "PAGE_CHUNKS",
-    "STATISTICS_MIN_ROWS",
-    "STATS_KEYS",
-    "AssembledGroup",
-    "DirtyTrace",
-    "InsertResult",
-    "Store",
-    "_delete_requests",
-    "_fetch_binary",
-    "_insert_values",
-    "_per_value_plans",
-    "_raw_stats",
-    "_release",
-    "_request_rows",
-    "_save",
-    "_statements",
-    "_unchanged",
-    "among",
-    "list_statement",
-    "listed",
-]
+__all__ = ["AssembledGroup", "DirtyTrace", "InsertResult", "Store"]
 
 
 class Store:

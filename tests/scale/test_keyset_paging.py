@@ -18,7 +18,7 @@ from sqlalchemy import insert, inspect
 from railtrace.model import Flag, KVSummary, RequestSummary, rfc3339
 from railtrace.store import Store, make_engine, migrate
 from railtrace.store.queries import Cursor, RequestOrder, RequestQuery
-from railtrace.store.store import list_statement
+from railtrace.store.reads import list_statement
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "service"))
 from service_helpers import query_plan
@@ -180,8 +180,8 @@ def test_migration_0010_fills_the_flag_rows_sort_keys_and_back(db_url: str) -> N
     from alembic import command
 
     from railtrace.store.engine import alembic_config
+    from railtrace.store.publish import _request_rows
     from railtrace.store.schema import request_flags, requests
-    from railtrace.store.store import _request_rows
 
     engine = make_engine(db_url)
     cfg = alembic_config()

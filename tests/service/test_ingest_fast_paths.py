@@ -21,7 +21,7 @@ from railtrace.otlp.encode import key_value
 from railtrace.otlp.export import prepare
 from railtrace.otlp.rows import chunk_records, rows_from_request, span_slices
 from railtrace.store import Store, make_engine, migrate
-from railtrace.store.store import _insert_values
+from railtrace.store.statements import _insert_values
 
 T0 = 1_790_000_000 * 10**9
 PD = "llm_d.pd_proxy.request_id"

@@ -18,7 +18,7 @@ from sqlalchemy import Engine, insert, inspect, update
 
 from railtrace.store import Store, make_engine, migrate
 from railtrace.store.schema import traces
-from railtrace.store.store import _statements, listed
+from railtrace.store.statements import _statements, listed
 
 sys.path.insert(0, str(Path(__file__).parent))
 from service_helpers import query_plan, trace_id

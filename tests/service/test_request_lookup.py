@@ -15,7 +15,7 @@ from sqlalchemy import insert
 from railtrace.server.app import create_app
 from railtrace.store import Store, make_engine, migrate
 from railtrace.store.schema import requests, trace_keys, traces
-from railtrace.store.store import _statements, listed
+from railtrace.store.statements import _statements, listed
 
 sys.path.insert(0, str(Path(__file__).parent))
 from service_helpers import query_plan, settings_for, trace_id

@@ -26,7 +26,7 @@ from railtrace.otlp.spans import StoredResource
 from railtrace.scheduling.assembler import Assembler, default_pipeline
 from railtrace.store import Store, make_engine, migrate
 from railtrace.store.schema import requests, resources, span_chunks, trace_keys, traces
-from railtrace.store.store import among, listed
+from railtrace.store.statements import among, listed
 from railtrace.topology import TopologyHolder
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -196,7 +196,7 @@ def test_assembly_lookups_by_id_use_indexes(db_url: str) -> None:
     proportion to the history kept, every assembly step (an OR with a subquery once made
     PostgreSQL scan every request row to find a page's previous summaries). PostgreSQL is
     told to avoid full scans wherever it can; one that remains is one no index allows."""
-    from railtrace.store.store import _statements
+    from railtrace.store.statements import _statements
 
     store = _store(db_url)
     sqlite = store.sqlite
@@ -309,7 +309,7 @@ def test_checking_speculative_traces_locks_them_until_commit(db_url: str) -> Non
     from sqlalchemy import create_engine, update
     from sqlalchemy.exc import OperationalError
 
-    from railtrace.store.store import _unchanged
+    from railtrace.store.leases import _unchanged
 
     store = _store(db_url)
     with store.engine.begin() as conn:
