@@ -7,8 +7,8 @@ through `search_path`, dropped afterwards; other users of the server are not tou
 Services started by tests assemble in a thread (`RAILTRACE_ASSEMBLY_PROCESSES=0`, set for every
 test and inherited by the `railtrace` processes they start): many tests step the assembler by
 hand, and two spawned interpreters per service would add minutes to the suite. The shipped
-default (`auto`, child processes) is tested where a test clears it: tests/service/
-test_assembly_processes.py.
+default (`auto`, child processes) is tested where a test clears it:
+tests/scheduling/test_assembly_processes.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Instructions per assembled request, counted by callgrind: a cost figure that other work
 on a shared machine cannot disturb, unlike wall-clock or CPU-time rates.
 
-    .venv/bin/python benchmarks/assembly/instructions.py --requests 128 640 [--db postgresql]
+    .venv/bin/python -m benchmarks.assembly.instructions --requests 128 640 [--db postgresql]
 
 For each request count N, the ingest benchmark's 8-span P/D requests are stored in a SQLite
 file the way the service's writer stores them (`prepare` + `Store.insert_batches`, in this
@@ -13,12 +13,12 @@ garbage-collector settings of an assembly process (`railtrace serve --assembly-p
 `--db postgresql` stores them in a throwaway PostgreSQL database instead (`RAILTRACE_BENCH_PG`)
 and counts this process's share, the driver included; the server's own work is not counted.
 
-    .venv/bin/python benchmarks/assembly/instructions.py --per-span
+    .venv/bin/python -m benchmarks.assembly.instructions --per-span
 
 Instructions to read one stored span of the benchmark payload back into a `Span`, through upb
 and `span_from_pb` and through the C reader: its encodings read three times against once.
 
-    .venv/bin/python benchmarks/assembly/instructions.py --pipeline
+    .venv/bin/python -m benchmarks.assembly.instructions --pipeline
 
 Instructions of the pipeline alone per request (request keys, `assemble`, `judge`; no store,
 no metrics): 256 stored requests are loaded three times over, then assembled once or three
@@ -34,10 +34,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.common.databases import Database
+from benchmarks.common.payload import SPANS_PER_TRACE, export_calls
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "ingest"))
-from payload import SPANS_PER_TRACE, export_calls  # noqa: E402
-from run import Database  # noqa: E402  (the ingest benchmark's throwaway databases)
 
 FLEET = HERE.parents[1] / "tests" / "verdicts" / "fleet.yaml"
 READ_SPANS = 4096  # spans of the benchmark payload read by --per-span

@@ -1,6 +1,6 @@
 """CPU time of `railtrace.assembly.assemble` alone on simulated requests, no store, no verdicts.
 
-    .venv/bin/python benchmarks/assembly/pure.py [--requests 400] [--repeat 5]
+    .venv/bin/python -m benchmarks.assembly.pure [--requests 400] [--repeat 5]
 
 Each generation's spans (the simulator's default mix, through the official OTLP encoder and the
 service's decoder) are assembled `--repeat` times from fresh copies; the fastest and the median
@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
 import threading
 import time
-from pathlib import Path
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from railtrace.assembly import assemble
 from railtrace.otlp.reference import decode
 from railtrace.simulator import Emitter, Processes, build_fleet, resolve, simulate

@@ -4,7 +4,7 @@ callgrind: what an assembly child spends counting a request (`RecordedMetrics`, 
 spends unpickling and applying them (`Metrics.merge`, under the interpreter lock its receivers
 need; `workers.replay` in code before 2026-12-01).
 
-    .venv/bin/python benchmarks/assembly/relay.py --requests 2048 --batch 16
+    .venv/bin/python -m benchmarks.assembly.relay --requests 2048 --batch 16
 
 The request summaries are the real ones: the ingest benchmark's 8-span P/D requests assembled
 with the default pipeline (in this process, not counted), saved, then three children run under
@@ -24,9 +24,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks.assembly.instructions import FLEET, store
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from instructions import FLEET, store  # noqa: E402
 
 
 def instructions(child: list[str], out: Path) -> int:

@@ -1,7 +1,7 @@
 """Assembly throughput: how many stored spans per second become request summaries with verdicts.
 
-    .venv/bin/python benchmarks/assembly/run.py [--db sqlite|postgresql] [--spans 40960] [--repeat 3]
-    .venv/bin/python benchmarks/assembly/run.py --profile        # pyinstrument tree of one run
+    .venv/bin/python -m benchmarks.assembly.run [--db sqlite|postgresql] [--spans 40960] [--repeat 3]
+    .venv/bin/python -m benchmarks.assembly.run --profile        # pyinstrument tree of one run
 
 The ingest benchmark's realistic 8-span P/D traces are stored first, exactly as the service's
 writer stores them (`prepare` + `Store.insert_batches`), then the real assembler
@@ -18,21 +18,19 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "ingest"))
-from payload import export_calls  # noqa: E402
-from run import Database  # noqa: E402
+from benchmarks.common.databases import Database
+from benchmarks.common.payload import export_calls
+from railtrace.metrics import Metrics
+from railtrace.otlp.export import prepare
+from railtrace.scheduling.assembler import Assembler, default_pipeline
+from railtrace.settings import Settings
+from railtrace.store import Store, make_engine, migrate
+from railtrace.topology import TopologyHolder
 
-from railtrace.metrics import Metrics  # noqa: E402
-from railtrace.otlp.export import prepare  # noqa: E402
-from railtrace.scheduling.assembler import Assembler, default_pipeline  # noqa: E402
-from railtrace.settings import Settings  # noqa: E402
-from railtrace.store import Store, make_engine, migrate  # noqa: E402
-from railtrace.topology import TopologyHolder  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 FLEET = HERE.parents[1] / "tests" / "verdicts" / "fleet.yaml"
 

@@ -1,6 +1,6 @@
 """How long a SQLite group commit takes while receiver threads build rows (GIL contention).
 
-    .venv/bin/python benchmarks/ingest/contended.py [--threads 4] [--rows-per-statement 1024 1]
+    .venv/bin/python -m benchmarks.ingest.contended [--threads 4] [--rows-per-statement 1024 1]
 
 The writer's commit runs while `--threads` threads do what the OTLP/HTTP receiver does for
 each export call (content scan, parse, row building) on the benchmark payload, without
@@ -14,21 +14,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from harness import uptime  # noqa: E402
-from payload import export_calls  # noqa: E402
+import railtrace.store.statements as store_module
+from benchmarks.common.harness import uptime
+from benchmarks.common.payload import export_calls
+from railtrace.otlp.content import content_filter
+from railtrace.otlp.export import prepare
+from railtrace.store import Store, make_engine, migrate
 
-import railtrace.store.statements as store_module  # noqa: E402  (`_insert_values` reads its limit there)
-from railtrace.otlp.content import content_filter  # noqa: E402
-from railtrace.otlp.export import prepare  # noqa: E402
-from railtrace.store import Store, make_engine, migrate  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 PROTOBUF = "application/x-protobuf"
 

@@ -1,8 +1,8 @@
 """The insert alone while the database grows: does ingest stay fast as history accumulates?
 
-    .venv/bin/python benchmarks/ingest/history.py --spans 2048000
-    .venv/bin/python benchmarks/ingest/history.py --spans 2048000 --checkpoint-pages 1000,16384
-    .venv/bin/python benchmarks/ingest/history.py --db postgresql --spans 1024000
+    .venv/bin/python -m benchmarks.ingest.history --spans 2048000
+    .venv/bin/python -m benchmarks.ingest.history --spans 2048000 --checkpoint-pages 1000,16384
+    .venv/bin/python -m benchmarks.ingest.history --db postgresql --spans 1024000
 
 Builds the benchmark payload (distinct traces), then commits it segment by segment with the
 writer's own call (`Store.insert_batches`, 8 export calls = 4,096 spans per commit) into one
@@ -21,13 +21,12 @@ from pathlib import Path
 
 from sqlalchemy import event
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from payload import export_calls  # noqa: E402
-from run import Database  # noqa: E402
+from benchmarks.common.databases import Database
+from benchmarks.common.payload import export_calls
+from railtrace.otlp.export import prepare
+from railtrace.store import Store, make_engine, migrate
 
-from railtrace.otlp.export import prepare  # noqa: E402
-from railtrace.store import Store, make_engine, migrate  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 
 def grow(calls: list[bytes], db: str, segment_calls: int, checkpoint_pages: int | None) -> list[str]:

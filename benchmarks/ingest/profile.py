@@ -1,6 +1,6 @@
 """Profile `railtrace serve` while it ingests the benchmark payload, with py-spy attached.
 
-    .venv/bin/python benchmarks/ingest/profile.py [--db sqlite|postgresql] [--spans 102400]
+    .venv/bin/python -m benchmarks.ingest.profile [--db sqlite|postgresql] [--spans 102400]
 
 Starts the service as its own process (as `run.py` does), attaches `py-spy record` to it
 (all threads, GIL-holding samples only, so the profile shows where Python time goes rather
@@ -21,11 +21,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from benchmarks.common.databases import Database
+from benchmarks.common.harness import post_all, serve_process
+from benchmarks.common.payload import export_calls
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from harness import post_all, serve_process  # noqa: E402
-from payload import export_calls  # noqa: E402
-from run import Database  # noqa: E402
 
 WORK = HERE.parent / ".work"
 

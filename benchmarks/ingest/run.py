@@ -1,6 +1,6 @@
 """Ingest benchmark: OTLP/HTTP protobuf spans per second until durable and queryable.
 
-    .venv/bin/python benchmarks/ingest/run.py [--spans 200000] [--db sqlite|postgresql|both]
+    .venv/bin/python -m benchmarks.ingest.run [--spans 200000] [--db sqlite|postgresql|both]
 
 Runs `railtrace serve` as its own process (one process, default settings but the given
 database), sends pre-built 512-span export calls from client threads, and stops the clock
@@ -22,47 +22,21 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import httpx
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
+
+from benchmarks.common.databases import Database
+from benchmarks.common.harness import PROTOBUF, cpu_seconds, free_port, post_all, serve_process
+from benchmarks.common.payload import export_calls
+from railtrace.otlp import accelerators, decode
+from railtrace.otlp.decode import parse_protobuf
+from railtrace.otlp.export import prepare
+from railtrace.otlp.rows import rows_from_request
+from railtrace.store import Store, make_engine, migrate
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from harness import PROTOBUF, cpu_seconds, free_port, post_all, serve_process  # noqa: E402
-from payload import export_calls  # noqa: E402
-
-from railtrace.otlp import accelerators, decode  # noqa: E402
-from railtrace.otlp.decode import parse_protobuf  # noqa: E402
-from railtrace.otlp.export import prepare  # noqa: E402
-from railtrace.otlp.rows import rows_from_request  # noqa: E402
-from railtrace.store import Store, make_engine, migrate  # noqa: E402
-
-PG_ADMIN = os.environ.get("RAILTRACE_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-
-
-class Database:
-    """A throwaway SQLite file or PostgreSQL database, removed afterwards."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self.tmp = Path(tempfile.mkdtemp(prefix="railtrace-bench-"))
-        if kind == "sqlite":
-            self.url = f"sqlite:///{self.tmp / 'bench.db'}"
-        else:
-            self.name = f"rt_bench_{uuid.uuid4().hex[:10]}"
-            self.admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-            with self.admin.connect() as c:
-                c.execute(text(f'CREATE DATABASE "{self.name}"'))
-            self.url = PG_ADMIN.rsplit("/", 1)[0] + "/" + self.name
-
-    def drop(self) -> None:
-        if self.kind == "postgresql":
-            with self.admin.connect() as c:
-                c.execute(text(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)'))
-            self.admin.dispose()
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def rate(n: int, seconds: float) -> float:

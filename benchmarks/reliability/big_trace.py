@@ -1,6 +1,6 @@
 """One huge trace id against a real `railtrace serve` (SQLite, default settings) on 127.0.0.1.
 
-    .venv/bin/python benchmarks/reliability/big_trace.py [--busy-seconds 30]
+    .venv/bin/python -m benchmarks.reliability.big_trace [--busy-seconds 30]
 
 1. Three 16 MiB export calls whose spans all share one trace id (~250,000 spans each): the
    answers (partial success, spans dropped by `max_spans_per_trace`) and the time taken.
@@ -23,17 +23,15 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "reliability"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import httpx
-from crash_harness import Server, key, pd_batch
-from edge_attacks import Sampler
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+
+from benchmarks.reliability.edge_attacks import Sampler
+from tests.reliability.crash_harness import Server, key, pd_batch
 
 T0 = time.time_ns()
 PROTOBUF = {"content-type": "application/x-protobuf"}

@@ -1,6 +1,6 @@
 """Long crash-safety run: kill -9 `railtrace serve` mid-ingest N times per database.
 
-    .venv/bin/python benchmarks/reliability/crash.py --rounds 20 [--pg URL] [--sqlite-only]
+    .venv/bin/python -m benchmarks.reliability.crash --rounds 20 [--pg URL] [--sqlite-only]
 
 Prints one JSON line per database: kills, exports acknowledged/failed, spans acknowledged,
 spans lost (must be 0), and whether every acknowledged trace was assembled after the last
@@ -17,11 +17,10 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "reliability"))
-
-from crash_harness import Server, assembled, crash_rounds, stored
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+
+from tests.reliability.crash_harness import Server, assembled, crash_rounds, stored
 
 
 def run(db_url: str, workdir: Path, rounds: int) -> dict[str, object]:

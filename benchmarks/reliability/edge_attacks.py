@@ -1,7 +1,7 @@
 """Attacks on the HTTP listener before authentication, against a real `railtrace serve` on
 127.0.0.1, each bounded in connections, bytes and time.
 
-    .venv/bin/python benchmarks/reliability/edge_attacks.py [--connections 1000] [--seconds 30]
+    .venv/bin/python -m benchmarks.reliability.edge_attacks [--connections 1000] [--seconds 30]
 
 Phases (each prints one JSON line):
 - slowloris: `--connections` connections each sending one header byte a second for `--seconds`;
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
@@ -26,16 +27,13 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "reliability"))
-
-import contextlib
-
 import httpx
-from crash_harness import Server, pd_batch
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
-from reliability_helpers import rss_bytes
+
+from tests.reliability.crash_harness import Server, pd_batch
+from tests.reliability.reliability_helpers import rss_bytes
 
 
 class Sampler:

@@ -1,6 +1,6 @@
 """Gzip bodies of many members: inflation time against member count, and the HTTP attack.
 
-    .venv/bin/python benchmarks/reliability/gzip_members.py [--bodies 40]
+    .venv/bin/python -m benchmarks.reliability.gzip_members [--bodies 40]
 
 1. `inflate_bounded` (one step of input at a time) against the loop it replaced (each member
    handed zlib the rest of the body), on bodies of N empty members, the member limit lifted so
@@ -22,14 +22,11 @@ import time
 import zlib
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "reliability"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import httpx
-from crash_harness import Server
-from edge_attacks import with_traffic
 
+from benchmarks.reliability.edge_attacks import with_traffic
 from railtrace.otlp.decode import inflate_bounded
+from tests.reliability.crash_harness import Server
 
 EMPTY = gzip.compress(b"", mtime=0)
 

@@ -1,6 +1,6 @@
 """Database outages of any length, ended without a restart of the service.
 
-    .venv/bin/python benchmarks/reliability/outage.py --seconds 60 [--pg URL] [--sqlite-only | --pg-only]
+    .venv/bin/python -m benchmarks.reliability.outage --seconds 60 [--pg URL] [--sqlite-only | --pg-only]
         [--silent]
 
 PostgreSQL is cut off (`--silent`: its packets dropped) through a TCP proxy (the server
@@ -21,11 +21,10 @@ import tempfile
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "reliability"))
-
-from outage_harness import pg_outage, sqlite_disk_full
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+
+from tests.reliability.outage_harness import pg_outage, sqlite_disk_full
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 """Long overload run: twice the sustainable ingest rate for minutes against `railtrace serve`.
 
-    .venv/bin/python benchmarks/reliability/overload.py --minutes 3 [--db URL] [--threads 8]
-    .venv/bin/python benchmarks/reliability/overload.py --raw --minutes 3
+    .venv/bin/python -m benchmarks.reliability.overload --minutes 3 [--db URL] [--threads 8]
+    .venv/bin/python -m benchmarks.reliability.overload --raw --minutes 3
 
 Official Python exporters cannot outrun the service on a small machine (span creation and
 encoding cost more than ingest), so `--raw` offers the load from pre-encoded export calls
@@ -27,21 +27,20 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "reliability"))
-
 import httpx
-from crash_harness import Ledger, Server, pd_batch, stored
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
-from overload_harness import drive, throttled
-from reliability_helpers import rss_bytes
+
+from tests.reliability.crash_harness import Ledger, Server, pd_batch, stored
+from tests.reliability.overload_harness import drive, throttled
+from tests.reliability.reliability_helpers import rss_bytes
 
 
 def raw_pool(spans: int) -> list[tuple[bytes, list[bytes]]]:
     """Export calls and the trace ids in each (for renewing them on every send)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ingest"))
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-    from payload import export_calls
+
+    from benchmarks.common.payload import export_calls
 
     pool = []
     for body in export_calls(spans):

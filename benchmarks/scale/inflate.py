@@ -1,6 +1,6 @@
 """Grow the request tables of a kept scale database to a larger history, without its spans.
 
-    .venv/bin/python benchmarks/scale/inflate.py --db-url URL --factor 10
+    .venv/bin/python -m benchmarks.scale.inflate --db-url URL --factor 10
 
 The queries for the flagged list and for stats read only `requests` and `request_flags`; the
 request detail reads one `requests` row. When a full load cannot be run, this copies every

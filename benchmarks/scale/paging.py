@@ -1,7 +1,7 @@
 """Deep pages of the filtered request list: the store's list query at a git revision against the
 working tree's, on one database (for example one kept by `run.py --keep-db`).
 
-    .venv/bin/python benchmarks/scale/paging.py --db-url URL --before REV
+    .venv/bin/python -m benchmarks.scale.paging --db-url URL --before REV
 
 Picks the flag + node + one-hour window with the most requests (as `run.py` does), follows the
 keyset cursors from page 1 to collect the cursor of each `--depths` page, then times each of
@@ -23,12 +23,11 @@ from typing import Any
 
 from sqlalchemy import text
 
+from benchmarks.common.harness import latency_ms
 from railtrace.store import Store, make_engine
 from railtrace.store.queries import Cursor, RequestQuery
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks" / "ingest"))
-from harness import latency_ms  # noqa: E402
 
 HOUR_NS = 3_600 * 10**9
 

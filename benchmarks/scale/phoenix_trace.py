@@ -1,12 +1,12 @@
 """Single-trace latency side by side with Arize Phoenix, on the identical payload.
 
-    .venv/bin/python benchmarks/scale/phoenix_trace.py --phoenix PATH-TO-PHOENIX-EXECUTABLE \
+    .venv/bin/python -m benchmarks.scale.phoenix_trace --phoenix PATH-TO-PHOENIX-EXECUTABLE \
         [--sizes 2048,10240,51200] [--queries 500]
 
 Both services run as their own processes on SQLite: `railtrace serve` through the ingest
 harness, `phoenix serve` from its own venv (the path of its `phoenix` executable is the
 argument). They are loaded in steps up to each size with the same spans: the ingest
-benchmark's 8-span llm-d P/D requests (`benchmarks/ingest/payload.py`, 512 spans per OTLP/HTTP
+benchmark's 8-span llm-d P/D requests (`benchmarks/common/payload.py`, 512 spans per OTLP/HTTP
 protobuf call). After each step the loading waits until railtrace has assembled every request
 and until Phoenix's database holds every span (Phoenix answers 200 before it stores), and
 records both ingest rates on this payload.
@@ -38,7 +38,6 @@ import random
 import shutil
 import sqlite3
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -49,12 +48,11 @@ import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from sqlalchemy import create_engine
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks" / "ingest"))
-from harness import free_port, latency_ms, post_all, serve_process  # noqa: E402
-from payload import SPANS_PER_TRACE, export_calls  # noqa: E402
+from benchmarks.common.harness import free_port, latency_ms, post_all, serve_process
+from benchmarks.common.payload import SPANS_PER_TRACE, export_calls
+from railtrace.store import Store
 
-from railtrace.store import Store  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 SPANS_PER_CALL = 512
 WARMUP = 20

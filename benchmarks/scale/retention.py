@@ -1,7 +1,7 @@
 """Retention under load: does deleting old history in bounded batches stall ingest?
 
-    .venv/bin/python benchmarks/scale/retention.py --db both --history-requests 20000
-    .venv/bin/python benchmarks/scale/retention.py --db-url URL --topology DIR   # a kept database
+    .venv/bin/python -m benchmarks.scale.retention --db both --history-requests 20000
+    .venv/bin/python -m benchmarks.scale.retention --db-url URL --topology DIR   # a kept database
 
 History: the simulator's traffic mix loaded with the scale benchmark's bulk path (ingest and
 assembly, so every trace has its spans, keys, request row and flags), or an existing database
@@ -11,7 +11,7 @@ as if that part had been received three days ago; the next `--expire-share` is m
 hours. Nothing else changes.
 
 Three phases of `--seconds` each, every one with `--clients` OTLP/HTTP clients posting the
-ingest benchmark's 512-span export calls (`benchmarks/ingest/payload.py`) on a fixed schedule
+ingest benchmark's 512-span export calls (`benchmarks/common/payload.py`) on a fixed schedule
 at `--rate` spans/s into `railtrace serve`:
 
 1. baseline: retention off;
@@ -41,19 +41,15 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
+from benchmarks.common.databases import Database
+from benchmarks.common.harness import PROTOBUF, export, latency_ms, serve_process, uptime
+from benchmarks.common.payload import export_calls
+from benchmarks.scale.bulk import BulkLoad, CopyPlan, dirty_count
+from benchmarks.scale.traffic import _retag, capture
+from railtrace.store import Store, make_engine
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks" / "ingest"))
-sys.path.insert(0, str(HERE))
-from bulk import BulkLoad, CopyPlan, dirty_count  # noqa: E402
-from harness import PROTOBUF, export, latency_ms, serve_process, uptime  # noqa: E402
-from payload import export_calls  # noqa: E402
-from traffic import _retag, capture  # noqa: E402
-
-from railtrace.store import Store, make_engine  # noqa: E402
-
-sys.path.remove(str(HERE))
-from run import Database  # noqa: E402  (benchmarks/ingest/run.py)
 
 HOUR_NS = 3_600 * 10**9
 DELETE_BATCH = 500  # Store.delete_older_than's default, which apply_retention uses

@@ -1,7 +1,7 @@
 """Scale benchmark: query latency through HTTP over a large history, storage per span, memory.
 
-    .venv/bin/python benchmarks/scale/run.py --db both --requests 10000                 # ~250k spans, HTTP
-    .venv/bin/python benchmarks/scale/run.py --db both --requests 400000 --load bulk    # ~10M spans
+    .venv/bin/python -m benchmarks.scale.run --db both --requests 10000                 # ~250k spans, HTTP
+    .venv/bin/python -m benchmarks.scale.run --db both --requests 400000 --load bulk    # ~10M spans
 
 Load: the simulator's default traffic mix (every scenario, its injected faults, the real
 shims and OTel SDK) is captured once for `--base` requests, then replayed as many times as
@@ -44,19 +44,15 @@ import httpx
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.engine import make_url
 
+from benchmarks.common.databases import Database
+from benchmarks.common.harness import latency_ms, post_all, rss_mb, serve_process, uptime
+from benchmarks.scale.bulk import BulkLoad, CopyPlan, dirty_count
+from benchmarks.scale.traffic import _retag, capture, copy_calls
+from railtrace.store import Store, make_engine
+from railtrace.store.schema import requests as requests_table
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks" / "ingest"))
-sys.path.insert(0, str(HERE))
-from bulk import BulkLoad, CopyPlan, dirty_count  # noqa: E402
-from harness import latency_ms, post_all, rss_mb, serve_process, uptime  # noqa: E402
-from traffic import _retag, capture, copy_calls  # noqa: E402
-
-from railtrace.store import Store, make_engine  # noqa: E402
-from railtrace.store.schema import requests as requests_table  # noqa: E402
-
-sys.path.remove(str(HERE))
-from run import Database  # noqa: E402  (benchmarks/ingest/run.py)
 
 DAY_NS = 86_400 * 10**9
 HOUR_NS = 3_600 * 10**9

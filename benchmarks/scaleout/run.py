@@ -1,7 +1,7 @@
 """Scale-out benchmark: aggregate durable-ingest throughput of 1, 2 and 4 `railtrace serve`
 replicas sharing one PostgreSQL, fed by the collector's traceID partitioning.
 
-    .venv/bin/python benchmarks/scaleout/run.py [--replicas 1 2 4] [--spans 204800] [--repeat 3]
+    .venv/bin/python -m benchmarks.scaleout.run [--replicas 1 2 4] [--spans 204800] [--repeat 3]
 
 Each replica is its own process (as in production, one per pod). The ingest benchmark's
 payload (realistic 8-span P/D requests, 512 spans per call) is re-cut the way the
@@ -18,22 +18,19 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from sqlalchemy import create_engine
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks" / "ingest"))
-sys.path.insert(0, str(ROOT / "tests" / "scaleout"))
-from harness import cpu_seconds, post_all, serve_process  # noqa: E402
-from payload import export_calls  # noqa: E402
-from ring import TraceIdRing  # noqa: E402
-from run import Database  # noqa: E402
+from benchmarks.common.databases import Database
+from benchmarks.common.harness import cpu_seconds, post_all, serve_process
+from benchmarks.common.payload import export_calls
+from railtrace.store import Store
+from tests.scaleout.ring import TraceIdRing
 
-from railtrace.store import Store  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def partition(calls: list[bytes], replicas: int) -> tuple[list[bytes], list[int]]:

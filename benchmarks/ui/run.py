@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Web UI speed on an existing database: first byte of each page and its data, complete render.
 
-    .venv/bin/python benchmarks/ui/run.py --db-url sqlite:////tmp/railtrace-bench-XXXX/bench.db \
+    .venv/bin/python -m benchmarks.ui.run --db-url sqlite:////tmp/railtrace-bench-XXXX/bench.db \
         --topology /tmp/railtrace-bench-XXXX/topology [--repeat 20] [--json out.json]
 
 `railtrace serve` runs on the database in its own process (as in production); Debian's chromium,
@@ -26,7 +26,6 @@ import json
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,9 +35,9 @@ import httpx
 from playwright.sync_api import sync_playwright
 from sqlalchemy import create_engine, text
 
+from benchmarks.common.harness import serve_process
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks" / "ingest"))
-from harness import serve_process  # noqa: E402  (benchmarks/ingest/harness.py)
 
 
 def pct(values: list[float], q: float) -> float:

@@ -1,7 +1,7 @@
 """Verdict latency and resident memory of `railtrace serve` under ingest load.
 
-    .venv/bin/python benchmarks/verdicts/run.py [--db sqlite|postgresql] [--seconds 60] [--rate SPANS_S]
-    .venv/bin/python benchmarks/verdicts/run.py --memory [--memory-seconds 180] [--quiet-period 30]
+    .venv/bin/python -m benchmarks.verdicts.run [--db sqlite|postgresql] [--seconds 60] [--rate SPANS_S]
+    .venv/bin/python -m benchmarks.verdicts.run --memory [--memory-seconds 180] [--quiet-period 30]
 
 Latency mode: finds the maximum ingest rate (realistic 8-span P/D requests, 512 spans per
 export call, `--clients` connections flat out for `--calibrate-seconds`; or takes `--rate`),
@@ -25,7 +25,6 @@ import argparse
 import bisect
 import contextlib
 import http.client
-import importlib.util
 import json
 import os
 import platform
@@ -48,26 +47,12 @@ import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from sqlalchemy import text
 
+from benchmarks.common.databases import Database
+from benchmarks.common.harness import PROTOBUF, cpu_seconds, export, rss_mb, serve_process
+from benchmarks.common.payload import SPANS_PER_TRACE, export_calls
 from railtrace.cli import assembly_process_arg
 from railtrace_tracing import semconv
 
-HERE = Path(__file__).resolve().parent
-INGEST = HERE.parent / "ingest"
-sys.path.insert(0, str(INGEST))
-from harness import PROTOBUF, cpu_seconds, export, rss_mb, serve_process  # noqa: E402
-from payload import SPANS_PER_TRACE, export_calls  # noqa: E402
-
-
-def _ingest_run() -> Any:
-    """The ingest benchmark's module (its throwaway `Database`), loaded under its own name."""
-    spec = importlib.util.spec_from_file_location("ingest_run", INGEST / "run.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-Database = _ingest_run().Database
 SPANS_PER_CALL = 512
 TRACES_PER_CALL = SPANS_PER_CALL // SPANS_PER_TRACE
 LAG = semconv.M_ASSEMBLY_LAG
@@ -1089,7 +1074,7 @@ def meta(dbs: list[str]) -> dict[str, Any]:
     def git(*a: str) -> str:
         try:
             return subprocess.run(
-                ["git", *a], cwd=HERE, capture_output=True, text=True, check=True
+                ["git", *a], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, check=True
             ).stdout.strip()
         except (OSError, subprocess.CalledProcessError):
             return "?"

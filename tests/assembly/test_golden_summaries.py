@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -67,11 +66,8 @@ def _simulator(generation: str, folder: Path) -> tuple[list[Span], Topology]:
 
 
 def _payload() -> list[Span]:
-    sys.path.insert(0, str(ROOT / "benchmarks" / "ingest"))
-    try:
-        from payload import export_calls
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks" / "ingest"))
+    from benchmarks.common.payload import export_calls
+
     return _decoded(export_calls(PAYLOAD_SPANS, spans_per_call=PAYLOAD_SPANS))
 
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_render import OVERLAYS, REPO, by_kind, one, render
 
 from railtrace.settings import Settings
+from tests.deploy.deploy_render import OVERLAYS, REPO, by_kind, one, render
 
 NAMESPACE = "llm-d-tracing"
 RAILTRACE_IMAGE = "ghcr.io/railtrace/railtrace:0.1.0"

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_render import OVERLAYS, REPO, SCHEMAS, by_kind, find_tool, render, render_text
+
+from tests.deploy.deploy_render import OVERLAYS, REPO, SCHEMAS, by_kind, find_tool, render, render_text
 
 KUBERNETES_VERSIONS = ("1.30.0", "1.34.0")
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from k8s_fake_apiserver import FakeApiServer
+
+from tests.k8s.k8s_fake_apiserver import FakeApiServer
 
 
 @pytest.fixture

@@ -15,8 +15,6 @@ from typing import Any
 
 import pytest
 import yaml
-from k8s_cluster_objects import AWS_NODE, AZURE_NODE, POD, aws_objects, azure_objects
-from k8s_fake_apiserver import FakeApiServer
 
 from railtrace.topology import TopologyHolder
 from railtrace.topology.k8s_source import (
@@ -26,6 +24,8 @@ from railtrace.topology.k8s_source import (
     snapshot_topology,
     wants_live_topology,
 )
+from tests.k8s.k8s_cluster_objects import AWS_NODE, AZURE_NODE, POD, aws_objects, azure_objects
+from tests.k8s.k8s_fake_apiserver import FakeApiServer
 
 WAIT_S = 60.0
 

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from k8s_cluster_objects import AWS_NODE, AZURE_NODE, POD, TOPOLOGY, aws_objects, azure_objects
-from k8s_fake_apiserver import FakeApiServer
 
 from railtrace.server.runner import Service
 from railtrace.settings import Settings
+from tests.k8s.k8s_cluster_objects import AWS_NODE, AZURE_NODE, POD, TOPOLOGY, aws_objects, azure_objects
+from tests.k8s.k8s_fake_apiserver import FakeApiServer
 
 LIMIT_S = 60.0
 

@@ -25,11 +25,11 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from reliability_helpers import free_port
 from sqlalchemy import create_engine, select
 
 from railtrace.store import Store
 from railtrace.store.schema import requests as requests_table
+from tests.reliability.reliability_helpers import free_port
 
 # The exporters log every failed attempt; a killed server makes many on purpose.
 for _name in (

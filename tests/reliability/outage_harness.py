@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from crash_harness import Ledger, Senders, Server, sqlite_integrity, stored
 from sqlalchemy.engine import make_url
+
+from tests.reliability.crash_harness import Ledger, Senders, Server, sqlite_integrity, stored
 
 
 class TcpProxy:

@@ -14,11 +14,12 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
-from crash_harness import Ledger, Server, key, pd_batch
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
-from reliability_helpers import rss_bytes
+
+from tests.reliability.crash_harness import Ledger, Server, key, pd_batch
+from tests.reliability.reliability_helpers import rss_bytes
 
 
 @dataclass

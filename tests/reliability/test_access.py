@@ -13,7 +13,6 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from crash_harness import pd_batch
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
@@ -22,6 +21,7 @@ from railtrace.cli import build_parser
 from railtrace.server.runner import Service, settings_from_args
 from railtrace.server.security import exposure_warnings
 from railtrace.settings import Settings
+from tests.reliability.crash_harness import pd_batch
 
 INGEST, API = "ingest-secret-1", "api-secret-2"
 

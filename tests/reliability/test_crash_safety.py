@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from crash_harness import Ledger, Senders, Server, assembled, crash_rounds, stored
+from tests.reliability.crash_harness import Ledger, Senders, Server, assembled, crash_rounds, stored
 
 ROUNDS = int(os.environ.get("RAILTRACE_CRASH_ROUNDS", "2"))
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import outage_harness
 import pytest
-from outage_harness import pg_outage
+
+from tests.reliability import outage_harness
+from tests.reliability.outage_harness import pg_outage
 
 
 def test_postgres_unreachable_for_5s_ingest_resumes_by_itself(

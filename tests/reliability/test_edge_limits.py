@@ -15,10 +15,10 @@ import grpc
 import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from reliability_helpers import EXPORT_PATH, post
 
 from railtrace.server.runner import Service
 from railtrace.settings import Settings
+from tests.reliability.reliability_helpers import EXPORT_PATH, post
 
 HEAD_TIMEOUT = 1.0
 IDLE_TIMEOUT = 1.5

@@ -15,10 +15,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from reliability_helpers import PROTOBUF
 
 from railtrace.server.runner import Service
 from railtrace.settings import Settings
+from tests.reliability.reliability_helpers import PROTOBUF
 
 LIMIT = 1_000_000
 

@@ -1,6 +1,6 @@
 """A holder of the ingest token cannot change another request's verdict by reusing its ids.
 
-Each test sends a real request as llm-d emits it (tests/service/test_release_corpus.py: the
+Each test sends a real request as llm-d emits it (tests/server/release_corpus.py: the
 official OpenTelemetry SDK and OTLP/HTTP exporter, each process forwarded for its pod's
 address by a trusted proxy, the cluster's objects as topology), waits for its summary, then
 attacks it from another sender address with the request's ids, and checks that the summary's
@@ -9,7 +9,6 @@ verdict, primary trace and stitching are unchanged and the evidence names what w
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +16,12 @@ import httpx
 import pytest
 from opentelemetry import trace
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "service"))
-import test_release_corpus as corpus
-from service_helpers import settings_for, wait_for
-
+import tests.server.release_corpus as corpus
 from railtrace.scheduling.grouping import MAX_KEY_FANOUT
 from railtrace.server.runner import Service
 from railtrace.simulator.fleet import build_fleet
 from railtrace.simulator.scenarios import resolve
+from tests.service_helpers import settings_for, wait_for
 
 ATTACKER = "10.66.6.6"
 HEAD = next(r for r in corpus.RELEASES if r.name == "HEAD")

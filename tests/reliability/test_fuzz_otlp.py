@@ -28,7 +28,10 @@ from google.rpc import status_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
-from otlp_strategies import (
+
+from railtrace.server.runner import Service
+from railtrace.settings import Settings
+from tests.reliability.otlp_strategies import (
     expect_for,
     export_requests,
     hostile_json_documents,
@@ -37,10 +40,7 @@ from otlp_strategies import (
     parse_or_none,
     to_otlp_json,
 )
-from reliability_helpers import EXPORT_PATH, JSON, PROTOBUF, examples, stored_keys
-
-from railtrace.server.runner import Service
-from railtrace.settings import Settings
+from tests.reliability.reliability_helpers import EXPORT_PATH, JSON, PROTOBUF, examples, stored_keys
 
 FUZZ = settings(
     max_examples=examples(100),

@@ -11,13 +11,13 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from google.rpc import status_pb2
-from reliability_helpers import PROTOBUF, post
 
 from railtrace.otlp import PayloadError
 from railtrace.otlp.bounds import INFLATE_STEP, MAX_GZIP_MEMBERS
 from railtrace.otlp.decode import TooLarge, inflate_bounded
 from railtrace.server.runner import Service
 from railtrace.settings import Settings
+from tests.reliability.reliability_helpers import PROTOBUF, post
 
 EMPTY_MEMBER = gzip.compress(b"", mtime=0)
 

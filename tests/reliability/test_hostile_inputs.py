@@ -19,11 +19,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from otlp_strategies import varint
-from reliability_helpers import EXPORT_PATH, JSON, PROTOBUF, peak_rss_bytes, post
 
 from railtrace.server.runner import Service
 from railtrace.settings import Settings
+from tests.reliability.otlp_strategies import varint
+from tests.reliability.reliability_helpers import EXPORT_PATH, JSON, PROTOBUF, peak_rss_bytes, post
 
 T0 = 1_790_000_000 * 10**9
 LIMIT = 4_000_000

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import grpc
 import httpx
-from crash_harness import Ledger, Server, pd_batch, stored
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
-from overload_harness import drive
-from reliability_helpers import EXPORT_PATH
+
+from tests.reliability.crash_harness import Ledger, Server, pd_batch, stored
+from tests.reliability.overload_harness import drive
+from tests.reliability.reliability_helpers import EXPORT_PATH
 
 # The documented bound for the service process under overload with the default limits
 # (docs/reliability.md); this test uses a far smaller pending limit, so it has ample margin.

@@ -11,12 +11,12 @@ import httpx
 import orjson
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from reliability_helpers import EXPORT_PATH, JSON, PROTOBUF
 from sqlalchemy import create_engine, inspect, select
 from sqlalchemy import table as sa_table
 
 from railtrace.server.runner import Service
 from railtrace.settings import Settings
+from tests.reliability.reliability_helpers import EXPORT_PATH, JSON, PROTOBUF
 
 T0 = 1_790_000_000 * 10**9
 SECRET = "TOP-SECRET-PROMPT-7f3a"

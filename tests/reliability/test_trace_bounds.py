@@ -16,10 +16,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from reliability_helpers import EXPORT_PATH, post, stored_keys
 
 from railtrace.server.runner import Service
 from railtrace.settings import Settings
+from tests.reliability.reliability_helpers import EXPORT_PATH, post, stored_keys
 
 T0 = 1_790_000_000 * 10**9
 CAP = 100

@@ -10,7 +10,6 @@ span chunks (all columns but the commit's receive time), request keys and trace 
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,12 +19,10 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
+from benchmarks.scale.bulk import BulkLoad, CopyPlan, dirty_count
+from benchmarks.scale.traffic import _retag, capture, copy_calls
 from railtrace.server.runner import Service
 from railtrace.settings import Settings
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "scale"))
-from bulk import BulkLoad, CopyPlan, dirty_count
-from traffic import _retag, capture, copy_calls
 
 QUIET_S = 1.0
 REQUESTS = 30

@@ -7,9 +7,7 @@ leaving out the requests without the value; and each order's plan reads an index
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,9 +17,7 @@ from railtrace.model import Flag, KVSummary, RequestSummary, rfc3339
 from railtrace.store import Store, make_engine, migrate
 from railtrace.store.queries import Cursor, RequestOrder, RequestQuery
 from railtrace.store.reads import list_statement
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "service"))
-from service_helpers import query_plan
+from tests.service_helpers import query_plan
 
 T0 = 1_790_000_000 * 10**9
 N = 60

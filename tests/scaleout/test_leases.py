@@ -3,9 +3,7 @@ whose traces two replicas hold is assembled once, by the holder of its smallest 
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 from sqlalchemy import select
 
@@ -16,9 +14,7 @@ from railtrace.store import AssembledGroup, Store, make_engine, migrate
 from railtrace.store.schema import requests as requests_table
 from railtrace.store.schema import traces as traces_table
 from railtrace.topology import TopologyHolder
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "service"))
-from service_helpers import export_request, settings_for, trace_id
+from tests.service_helpers import export_request, settings_for, trace_id
 
 HOUR_NS = 3600 * 10**9
 LEASE = 60 * 10**9

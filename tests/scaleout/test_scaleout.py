@@ -11,7 +11,6 @@ none lost, and the same verdict counts in /metrics (summed over replicas).
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -32,9 +31,7 @@ from railtrace.store import Store, make_engine, migrate
 from railtrace.store.schema import requests as requests_table
 from railtrace.store.schema import traces as traces_table
 from tests.fixtures.otlp_fixtures import SinkExporter
-
-sys.path.insert(0, str(Path(__file__).parent))
-from ring import TraceIdRing
+from tests.scaleout.ring import TraceIdRing
 
 REQUESTS = 40
 SEED = 3

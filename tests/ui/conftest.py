@@ -18,11 +18,11 @@ import httpx
 import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
-from ui_helpers import TOKEN, Page
 
 from railtrace.demo import run_demo
 from railtrace.server.runner import Service
 from railtrace.settings import Settings
+from tests.ui.ui_helpers import TOKEN, Page
 
 REQUESTS = 60
 SEED = 5

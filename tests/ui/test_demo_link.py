@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from ui_helpers import Page
+from tests.ui.ui_helpers import Page
 
 URL = re.compile(r"^http://127\.0\.0\.1:\d+/$")
 

@@ -6,7 +6,8 @@ from typing import Any
 
 import httpx
 import pytest
-from ui_helpers import TOKEN, Page, first_with_flag
+
+from tests.ui.ui_helpers import TOKEN, Page, first_with_flag
 
 PAGES = ["/", "/?window=24h", "/requests", "/topology"]
 

@@ -19,10 +19,10 @@ import httpx
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from opentelemetry.proto.trace.v1 import trace_pb2
-from ui_helpers import first_with_flag
 
 from railtrace_tracing import semconv
 from railtrace_tracing.semconv import FlagName
+from tests.ui.ui_helpers import first_with_flag
 
 PROTOBUF = {"accept": "application/protobuf"}
 

@@ -1,0 +1,1 @@
+"""What several benchmarks share: the server harness, the payload and throwaway databases."""

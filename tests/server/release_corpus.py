@@ -1,0 +1,295 @@
+"""What each llm-d release emits for one request, sent through the official OpenTelemetry SDK:
+the releases, their span names and attributes, and the processes that export them. Used by
+`test_release_corpus.py` and by the forged-join tests of tests/reliability/."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from railtrace.simulator.fleet import Pod
+
+MS = 1_000_000
+T0 = 1_790_100_000 * 10**9
+
+
+@dataclass(frozen=True)
+class Release:
+    """What one router release emits (llm-d-router at the tag; reference §5 rename map)."""
+
+    name: str
+    epp_service: str
+    epp_scope: str
+    sidecar_root: str
+    prefill: str
+    decode: str
+    pick: str
+    prepare: str
+    pick_endpoints: bool  # the scheduling subtree (pick_endpoints with endpoint ids), v0.10+
+    sidecar_injects: bool  # sidecar's otelhttp transport injects into vLLM (PR #1667, v0.10.0)
+
+
+RELEASES = [
+    Release(
+        "v0.8.0",
+        "llm-d-inference-scheduler",
+        "gateway-api-inference-extension/epp/extproc",
+        "llm_d.pd_proxy.request",
+        "llm_d.pd_proxy.prefill",
+        "llm_d.pd_proxy.decode",
+        "llm_d.epp.disagg.profile_handler.pick",
+        "llm_d.epp.prerequest.disaggregation",
+        False,
+        False,
+    ),
+    Release(
+        "v0.9.0",
+        "llm-d-router/epp",
+        "llm-d-router/pkg/epp/handlers",
+        "forward_request",
+        "prefill",
+        "decode",
+        "pick_disagg_profile",
+        "prepare_disaggregation",
+        False,
+        False,
+    ),
+    *(
+        Release(
+            tag,
+            "llm-d-router/epp",
+            "llm-d-router/pkg/epp/handlers",
+            "forward_request",
+            "prefill",
+            "decode",
+            "pick_disagg_profile",
+            "prepare_disaggregation",
+            True,
+            True,
+        )
+        for tag in ("v0.10.0", "HEAD")
+    ),
+]
+RECIPES = ("full", "decode_only")
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    http: str
+    grpc: str
+
+
+class Process:
+    """One emitting process: its own provider, resource and exporter, sent as if forwarded
+    by a collector for the pod's address. The Go components (EPP, sidecar) export OTLP/gRPC
+    only (pkg/common/observability/tracing/telemetry.go); vLLM here OTLP/HTTP."""
+
+    def __init__(
+        self, to: Endpoints, resource: dict[str, Any], scope: str, sender: str | None, grpc: bool = False
+    ) -> None:
+        headers = {"x-forwarded-for": sender} if sender else {}
+        self.provider = TracerProvider(resource=Resource.create(resource))
+        exporter = (
+            GrpcExporter(endpoint=to.grpc, insecure=True, headers=headers)
+            if grpc
+            else OTLPSpanExporter(endpoint=to.http + "/v1/traces", headers=headers)
+        )
+        self.provider.add_span_processor(SimpleSpanProcessor(exporter))
+        self.tracer = self.provider.get_tracer(scope)
+
+    def span(
+        self,
+        name: str,
+        start_ms: float,
+        end_ms: float,
+        attrs: dict[str, Any],
+        parent: Any = None,
+        kind: Any = None,
+    ) -> Any:
+        ctx = trace.set_span_in_context(parent) if parent is not None else None
+        span = self.tracer.start_span(
+            name,
+            context=ctx,
+            kind=kind or trace.SpanKind.INTERNAL,
+            attributes=attrs,
+            start_time=T0 + int(start_ms * MS),
+        )
+        span.end(end_time=T0 + int(end_ms * MS))
+        return span
+
+    def close(self) -> None:
+        self.provider.shutdown()
+
+
+def vllm_resource(service: str) -> dict[str, Any]:
+    # vllm/tracing/otel.py init_otel_tracer (vLLM 0.16.0 to 0.34.0): the process id is a string.
+    return {
+        "service.name": service,
+        "vllm.instrumenting_module_name": "vllm.llm_engine",
+        "vllm.process_id": "4242",
+    }
+
+
+def llm_request(
+    max_tokens: int, completion: int, ttft: float, queue: float, e2e: float, rid: str
+) -> dict[str, Any]:
+    return {
+        "gen_ai.request.id": rid,
+        "gen_ai.request.max_tokens": max_tokens,
+        "gen_ai.usage.prompt_tokens": 812,
+        "gen_ai.usage.completion_tokens": completion,
+        "gen_ai.latency.time_to_first_token": ttft,
+        "gen_ai.latency.time_in_queue": queue,
+        "gen_ai.latency.time_in_model_prefill": ttft - queue,
+        "gen_ai.latency.e2e": e2e,
+    }
+
+
+def emit(url: Endpoints, rel: Release, recipe: str, prefill: Pod, decode: Pod) -> dict[str, Any]:
+    """Send one request as `rel` traces it; returns its ids."""
+    epp_id = str(uuid.uuid4())  # Envoy's / the EPP's x-request-id
+    sidecar_id = str(uuid.uuid4())  # the nixlv2 sidecar's own UUID, a second x-request-id
+    public = f"chatcmpl-{epp_id}"  # vLLM keeps the first x-request-id
+    engine_id = f"{public}-99ae74c8"  # vLLM's engine-internal id (PR #27987)
+    ids: dict[str, Any] = {"epp_id": epp_id, "sidecar_id": sidecar_id, "public": public, "engine": engine_id}
+    decode_vllm = Process(url, vllm_resource("vllm-decode"), "vllm.tracing.otel", decode.ip)
+    processes = [decode_vllm]
+    if recipe == "decode_only":
+        # llm-d's guide: the decode Deployment alone is patched; nothing upstream is traced.
+        root = decode_vllm.span(
+            "llm_request",
+            53,
+            2999,
+            llm_request(512, 200, 0.343, 0.322, 2.946, public),
+            kind=trace.SpanKind.SERVER,
+        )
+        ids["traces"] = [format(root.context.trace_id, "032x")]
+        for p in processes:
+            p.close()
+        return ids
+    # The router chart adds k8s.* to the EPP only (config/charts/routerlib/templates/_deployment.yaml).
+    epp = Process(
+        url,
+        {
+            "service.name": rel.epp_service,
+            "k8s.namespace.name": "llm-d",
+            "k8s.pod.name": "llm-d-router-epp-7c9f8d6b5-abcde",
+            "k8s.node.name": "cpu-node-1",
+        },
+        rel.epp_scope,
+        None,
+        grpc=True,
+    )
+    sidecar = Process(
+        url, {"service.name": "routing-proxy"}, "llm-d-router/pkg/sidecar/proxy", decode.ip, grpc=True
+    )
+    prefill_vllm = Process(url, vllm_resource("vllm-prefill"), "vllm.tracing.otel", prefill.ip)
+    worker = Process(
+        url,
+        {
+            **vllm_resource("vllm-decode"),
+            "vllm.instrumenting_module_name": "vllm.worker",
+            "vllm.process_kind": "worker",
+            "vllm.process_name": "Worker_0",
+        },
+        "railtrace.kv_transfer",
+        decode.ip,
+    )
+    processes += [epp, sidecar, prefill_vllm, worker]
+    # GIE v1.5.0's body-based router, in front of the EPP, starts its own root `gateway.request`
+    # (pkg/bbr/handlers/server.go): not the EPP's, never a request of its own.
+    bbr = Process(
+        url,
+        {"service.name": "gateway-api-inference-extension/bbr"},
+        "gateway-api-inference-extension/bbr/extproc",
+        None,
+    )
+    processes.append(bbr)
+    bbr.span("gateway.request", -0.5, 0.0, {}, kind=trace.SpanKind.SERVER)
+    rid = {"gen_ai.request.id": epp_id}
+    gateway = epp.tracer.start_span("gateway.request", kind=trace.SpanKind.SERVER, start_time=T0)
+    orch = epp.span("gateway.request_orchestration", 0.1, 0.4, rid, gateway, trace.SpanKind.SERVER)
+    epp.span(rel.pick, 0.12, 0.35, {**rid, "llm_d.epp.profile_handler.decision": "run_decode"}, orch)
+    if rel.pick_endpoints:
+        profile = epp.span(
+            "run_scheduler_profile", 0.13, 0.2, {"llm_d.epp.scheduling.profile.name": "decode"}, orch
+        )
+        epp.span(
+            "pick_endpoints",
+            0.15,
+            0.19,
+            {
+                **rid,
+                "llm_d.epp.picker.top_endpoints": [f"llm-d/{decode.name}-rank-0"],
+                "llm_d.epp.picker.top_scores": [1.0],
+            },
+            profile,
+        )
+    epp.span(
+        rel.prepare,
+        0.36,
+        0.39,
+        {**rid, "llm_d.epp.pd.prefill_pod_address": prefill.ip, "llm_d.epp.pd.prefill_pod_port": "8000"},
+        orch,
+    )
+    # Envoy forwards the EPP's injected traceparent to the sidecar: its spans join the EPP's trace.
+    root = sidecar.span(
+        rel.sidecar_root, 2, 3000, {"llm_d.pd_proxy.connector": "nixlv2"}, gateway, trace.SpanKind.SERVER
+    )
+    common = {"llm_d.pd_proxy.request_id": sidecar_id, "llm_d.pd_proxy.connector": "nixlv2"}
+    pre = sidecar.span(
+        rel.prefill, 2, 52, {**common, "llm_d.pd_proxy.prefill_target": f"{prefill.ip}:8000"}, root
+    )
+    dec = sidecar.span(
+        rel.decode,
+        52,
+        3000,
+        {
+            **common,
+            "llm_d.pd_proxy.decode.target": "localhost:8200",  # always loopback (options.go)
+            "llm_d.pd_proxy.true_ttft_ms": 50.0,
+            "llm_d.pd_proxy.prefill_duration_ms": 49.0,
+            "llm_d.pd_proxy.decode_duration_ms": 2947.0,
+        },
+        pre,  # nixlv2: decode is a child of prefill
+    )
+    gateway.end(end_time=T0 + 3001 * MS)
+    p_parent, d_parent = (pre, dec) if rel.sidecar_injects else (None, None)
+    p_span = prefill_vllm.span(
+        "llm_request", 3, 50, llm_request(1, 1, 0.045, 0.001, 0.047, public), p_parent, trace.SpanKind.SERVER
+    )
+    d_span = decode_vllm.span(
+        "llm_request",
+        53,
+        2999,
+        llm_request(512, 200, 0.343, 0.322, 2.946, public),
+        d_parent,
+        trace.SpanKind.SERVER,
+    )
+    # The KV connector runs in the worker process, which gets no trace headers: a root span
+    # that carries the engine's own id.
+    kv = worker.span(
+        "llm_d.kv_transfer",
+        60,
+        300,
+        {
+            "llm_d.kv_transfer.request_id": engine_id,
+            "llm_d.kv_transfer.transport": "rdma",
+            "llm_d.kv_transfer.operation": "read",
+        },
+    )
+    ids["traces"] = sorted(
+        {format(s.context.trace_id, "032x") for s in (gateway, root, p_span, d_span, kv)},
+        key=lambda t: t != format(gateway.context.trace_id, "032x"),
+    )
+    for p in processes:
+        p.close()
+    return ids

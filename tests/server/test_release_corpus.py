@@ -1,0 +1,91 @@
+"""Each llm-d release end to end, with only what its code emits.
+
+For router v0.8.0, v0.9.0, v0.10.0 and HEAD, in the full P/D recipe and llm-d's shipped
+decode-only recipe, spans named and attributed as that release's code does (llm-d-router at
+the tag; vLLM's `llm_request`; docs/normalisation.md cites file and commit per name) are sent
+through the official OpenTelemetry SDK and OTLP/HTTP exporter into a running service. vLLM's
+resource carries no `k8s.*` (vLLM sets only `service.name`, `vllm.instrumenting_module_name`,
+`vllm.process_id`), the sidecar none either; each process exports through a collector that
+forwards for it (`X-Forwarded-For`, a trusted proxy). The topology is the cluster's Nodes,
+Pods (status.podIP), ResourceSlices and ResourceClaims as `kubectl get -o yaml` gives them.
+
+Checked per release and recipe: TTFT, no flag at all, both legs resolved to node, GPU and NIC
+wherever the spans allow (by which evidence), the tracing coverage, and the request found by
+every id an operator may hold.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from railtrace.server.runner import Service
+from railtrace.simulator.fleet import build_fleet
+from railtrace.simulator.scenarios import resolve
+from tests.server.release_corpus import RECIPES, RELEASES, Endpoints, Release, emit
+from tests.service_helpers import settings_for, wait_for
+
+
+@pytest.fixture(scope="module")
+def fleet_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    fleet = build_fleet("a3-ultra", resolve(["topology-aware"]), seed=7)
+    folder = tmp_path_factory.mktemp("cluster")
+    for path in fleet.write(folder):
+        if path.name == "railtrace-topology.yaml":
+            path.unlink()  # the live cluster's objects only
+    return folder, fleet
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("rel", RELEASES, ids=[r.name for r in RELEASES])
+def test_release_end_to_end(db_url: str, fleet_dir: tuple[Path, Any], rel: Release, recipe: str) -> None:
+    folder, fleet = fleet_dir
+    prefill = fleet.pods_of("topology-aware", "prefill")[0]
+    decode = fleet.pods_of("topology-aware", "decode")[0]
+    settings = settings_for(db_url, topology=[str(folder)], trusted_proxies=["127.0.0.1/32"])
+    with Service(settings) as svc:
+        ids = emit(Endpoints(svc.http_url, svc.grpc_endpoint), rel, recipe, prefill, decode)
+        first = ids["traces"][0]
+
+        def assembled() -> dict[str, Any] | None:
+            r = httpx.get(f"{svc.http_url}/api/v1/requests/{first}")
+            body = r.json() if r.status_code == 200 else None
+            want = 5 if recipe == "full" else 1
+            return (
+                body
+                if body and len(body["trace_ids"]) == len(ids["traces"]) and body["span_count"] >= want
+                else None
+            )
+
+        summary = wait_for(assembled, what=f"{rel.name} {recipe} assembled")
+        assert summary["flags"] == [], summary["flags"]
+        if recipe == "full":
+            assert summary["ttft_s"] == pytest.approx(0.002 + 0.050 + 0.343)
+            assert summary["coverage"]["recipe"] == "full"
+            legs = (("prefill", prefill), ("decode", decode))
+            assert summary["resolved"] is True
+        else:
+            assert summary["ttft_s"] == pytest.approx(0.343)  # the decode engine's own: nothing else traced
+            assert summary["coverage"]["recipe"] == "decode_only"
+            legs = (("decode", decode),)
+        for leg, pod in legs:
+            got = summary[leg]
+            assert (got["pod"], got["node"]) == (pod.name, pod.node.name), (leg, got)
+            assert got["gpu"] and got["nic"], (leg, got)
+            assert summary["identity"][leg] == "otlp_peer"
+        forms = [*ids["traces"], ids["epp_id"], ids["public"], ids["engine"], f"cmpl-{ids['epp_id']}-0"]
+        if recipe == "full":
+            forms.append(ids["sidecar_id"])
+        for ident in forms:
+            r = httpx.get(f"{svc.http_url}/api/v1/requests/{ident}")
+            assert r.status_code == 200 and r.json()["trace_id"] == summary["trace_id"], ident
+        listed = httpx.get(f"{svc.http_url}/api/v1/requests").json()["items"]
+        assert [r["trace_id"] for r in listed] == [summary["trace_id"]]  # the BBR's span is no request
+        groups = httpx.get(f"{svc.http_url}/api/v1/stats", params={"group_by": "coverage"}).json()["groups"]
+        resolution = "otlp_peer+otlp_peer" if recipe == "full" else "unresolved"
+        assert [(g["recipe"], g["resolution"], g["requests"]) for g in groups] == [(recipe, resolution, 1)]
+        series = f'llm_d_tracing_leg_resolution_total{{recipe="{recipe}",resolution="{resolution}"}} 1.0'
+        assert series in httpx.get(f"{svc.http_url}/metrics").text.splitlines()
