@@ -39,7 +39,7 @@ from railtrace.simulator.emit import (
 )
 from railtrace.simulator.engine import SimRequest, simulate
 from railtrace.simulator.fleet import SHAPES, Fleet, build_fleet
-from railtrace_tracing.semconv import FlagName, PathClass
+from railtrace_tracing.semconv import ENGINE_ROLES, FlagName, PathClass
 
 WORST = 6
 
@@ -267,7 +267,7 @@ def coverage_report(summaries: dict[str, dict[str, Any]], recipe: str, resources
             full += 1
             continue
         if not s_.get("resolved"):
-            for leg in ("prefill", "decode"):
+            for leg in ENGINE_ROLES:
                 if not ((s_.get(leg) or {}).get("nic")):
                     # No engine span for the leg (untraced, or lost), or a span that names no pod.
                     no_span = f"{leg}_engine" in missing

@@ -80,6 +80,10 @@ class Role(StrEnum):
     OTHER = "other"
 
 
+ENGINE_ROLES: tuple[str, ...] = (Role.PREFILL.value, Role.DECODE.value)
+"""The two engine roles of P/D serving: the legs of a request and the values of `llm_d.role`."""
+
+
 class Stage(StrEnum):
     """Keys of `breakdown_s` in the request summary."""
 
@@ -309,7 +313,7 @@ ROUTER_CANDIDATE_TOPOLOGY = _attr(
 ROUTER_CANDIDATE_PODS = _attr("llm_d.router.candidate.pods", "string[]", "Per candidate, its pod name.")
 
 # -- Engine shim role -------------------------------------------------------------------
-LLM_D_ROLE = _attr("llm_d.role", "string", "Role of an engine process.", allowed=("prefill", "decode"))
+LLM_D_ROLE = _attr("llm_d.role", "string", "Role of an engine process.", allowed=ENGINE_ROLES)
 
 # -- llm-d EPP / router (read, not emitted by railtrace except through the shims) ---------
 EPP_PROFILE_NAME = _attr("llm_d.epp.scheduling.profile.name", "string", "Scheduling profile.", origin="llm-d")

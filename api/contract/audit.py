@@ -49,9 +49,8 @@ from railtrace.topology.model import (
     Pod,
     Topology,
 )
-from railtrace_tracing.semconv import FlagName, Obligation, Transport
+from railtrace_tracing.semconv import ENGINE_ROLES, FlagName, Obligation, Transport
 
-ROLES = ("prefill", "decode")
 UNASSIGNED = "unassigned"
 REQUEST_LINK = "/api/v1/requests/{trace_id}"
 
@@ -187,7 +186,7 @@ def _pod_subjects(topology: Topology, reqs: list[dict[str, Any]]) -> list[_PodIn
         out[pod.name] = _PodInfo(pod.name, pod.namespace, pod.node, role, role or "", pod)
     seen_roles: dict[str, set[str]] = {}
     for r in reqs:
-        for leg_name in ROLES:
+        for leg_name in ENGINE_ROLES:
             leg = _leg(r, leg_name)
             name = leg.get("pod")
             if not name:
@@ -214,12 +213,12 @@ def _pod_ref(info: _PodInfo) -> str:
 
 def _role_of(pod: Pod) -> str | None:
     role = pod.role or (pod.labels or {}).get(ROLE_LABEL)
-    return role if role in ROLES else None
+    return role if role in ENGINE_ROLES else None
 
 
 def _role_from_name(name: str) -> str | None:
     low = name.lower()
-    hits = [r for r in ROLES if r in low]
+    hits = [r for r in ENGINE_ROLES if r in low]
     return hits[0] if len(hits) == 1 else None
 
 
@@ -596,7 +595,7 @@ def _verified(
         flags = _flags(r)
         transport = str(kv.get("transport") or Transport.UNKNOWN.value)
         path_class = str(kv.get("path_class") or "unknown")
-        legs = [(name, _leg(r, name)) for name in ROLES if _leg(r, name).get("pod") == info.name]
+        legs = [(name, _leg(r, name)) for name in ENGINE_ROLES if _leg(r, name).get("pod") == info.name]
         if transport == Transport.TCP.value or path_class == "tcp" or FlagName.TCP_FALLBACK.value in flags:
             counts["tcp"] += 1
             why = flags.get(FlagName.TCP_FALLBACK.value) or kv.get("evidence") or "transport tcp"

@@ -2,7 +2,7 @@
 
 Both lookups through that column (a request by a stitched trace of it, and the summaries a
 group of traces supersedes) find the trace by its primary key and then the request by its own,
-on SQLite and PostgreSQL alike (`tests/service/test_request_lookup.py` checks the plans). The
+on SQLite and PostgreSQL alike (`tests/server/test_request_lookup.py` checks the plans). The
 index still cost an entry for every row version of `traces`: three per request (the ingest
 insert, the assembly lease, the assembled mark), each a write into a B-tree of random keys.
 
