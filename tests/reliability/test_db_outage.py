@@ -2,7 +2,7 @@
 cut and restored, the shared server is never stopped), SQLite on a disk that fills up and is
 freed. A real `railtrace serve` is fed by official HTTP and gRPC exporters throughout; ingest
 must resume without a restart, /readyz must follow, and every span an exporter was told was
-accepted must be stored. The 60 s outage is `benchmarks/reliability/outage.py --seconds 60`.
+accepted must be stored. The 60 s outage is `python -m benchmarks.reliability.outage --seconds 60`.
 """
 
 from __future__ import annotations

@@ -12,16 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from opentelemetry import trace
 
 import tests.server.release_corpus as corpus
 from railtrace.scheduling.grouping import MAX_KEY_FANOUT
 from railtrace.server.runner import Service
-from railtrace.simulator.fleet import build_fleet
-from railtrace.simulator.scenarios import resolve
-from tests.service_helpers import settings_for, wait_for
+from tests.service_helpers import get_request, settings_for, wait_for
 
 ATTACKER = "10.66.6.6"
 HEAD = next(r for r in corpus.RELEASES if r.name == "HEAD")
@@ -31,17 +28,8 @@ VERDICT = ("flags", "kv_transfer", "ttft_s", "prefill", "decode", "trace_id", "t
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    fleet = build_fleet("a3-ultra", resolve(["topology-aware"]), seed=7)
     folder = tmp_path_factory.mktemp("cluster")
-    for path in fleet.write(folder):
-        if path.name == "railtrace-topology.yaml":
-            path.unlink()
-    return folder, fleet
-
-
-def _summary(svc: Service, trace_id: str) -> dict[str, Any] | None:
-    r = httpx.get(f"{svc.http_url}/api/v1/requests/{trace_id}")
-    return r.json() if r.status_code == 200 else None
+    return folder, corpus.live_cluster(folder)
 
 
 def _victim(svc: Service, fleet: Any, rel: corpus.Release) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -50,7 +38,7 @@ def _victim(svc: Service, fleet: Any, rel: corpus.Release) -> tuple[dict[str, An
     ids = corpus.emit(_endpoints(svc), rel, "full", prefill, decode)
 
     def stitched() -> dict[str, Any] | None:
-        body = _summary(svc, ids["traces"][0])
+        body = get_request(svc, ids["traces"][0])
         return body if body and len(body["trace_ids"]) == len(ids["traces"]) else None
 
     before = wait_for(stitched, what="the victim's request assembled")
@@ -73,7 +61,7 @@ def _attacker(svc: Service) -> corpus.Process:
 
 def _rejected_once(svc: Service, trace_id: str, forged: str) -> dict[str, Any]:
     def noted() -> dict[str, Any] | None:
-        body = _summary(svc, trace_id)
+        body = get_request(svc, trace_id)
         rejected = " ".join((body or {}).get("coverage", {}).get("rejected", []))
         return body if forged in rejected or (forged == "" and rejected) else None
 
@@ -135,7 +123,7 @@ def test_forged_earlier_gateway_request_is_not_the_primary_trace(
         _same_verdict(before, after)
         assert after["trace_id"] == ids["traces"][0] and forged_trace not in after["trace_ids"]
         # Found by its own ids, the request is still the victim's.
-        assert _summary(svc, ids["epp_id"])["trace_id"] == ids["traces"][0]
+        assert get_request(svc, ids["epp_id"])["trace_id"] == ids["traces"][0]
 
 
 def test_junk_traces_past_the_cap_keep_the_stitch_and_kv_verdict(

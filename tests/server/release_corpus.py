@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from opentelemetry import trace
@@ -15,7 +16,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from railtrace.simulator.fleet import Pod
+from railtrace.simulator.fleet import Fleet, Pod, build_fleet
+from railtrace.simulator.scenarios import resolve
 
 MS = 1_000_000
 T0 = 1_790_100_000 * 10**9
@@ -293,3 +295,13 @@ def emit(url: Endpoints, rel: Release, recipe: str, prefill: Pod, decode: Pod) -
     for p in processes:
         p.close()
     return ids
+
+
+def live_cluster(folder: Path) -> Fleet:
+    """A topology-aware a3-ultra fleet written to `folder` as the live cluster's objects only
+    (Nodes, Pods, ResourceSlices, ResourceClaims): no railtrace topology file beside them."""
+    fleet = build_fleet("a3-ultra", resolve(["topology-aware"]), seed=7)
+    for path in fleet.write(folder):
+        if path.name == "railtrace-topology.yaml":
+            path.unlink()
+    return fleet

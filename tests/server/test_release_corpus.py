@@ -23,20 +23,14 @@ import httpx
 import pytest
 
 from railtrace.server.runner import Service
-from railtrace.simulator.fleet import build_fleet
-from railtrace.simulator.scenarios import resolve
-from tests.server.release_corpus import RECIPES, RELEASES, Endpoints, Release, emit
+from tests.server.release_corpus import RECIPES, RELEASES, Endpoints, Release, emit, live_cluster
 from tests.service_helpers import settings_for, wait_for
 
 
 @pytest.fixture(scope="module")
 def fleet_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    fleet = build_fleet("a3-ultra", resolve(["topology-aware"]), seed=7)
     folder = tmp_path_factory.mktemp("cluster")
-    for path in fleet.write(folder):
-        if path.name == "railtrace-topology.yaml":
-            path.unlink()  # the live cluster's objects only
-    return folder, fleet
+    return folder, live_cluster(folder)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
