@@ -100,7 +100,13 @@ def pct(values: list[int], q: float) -> float:
     return float(s[min(len(s) - 1, int(q * len(s)))])
 
 
-def run(transfers: int, block: int, telemetry: bool, sizes: set[float] | None = None) -> dict[str, Any]:
+def run(
+    transfers: int,
+    block: int,
+    telemetry: bool,
+    sizes: set[float] | None = None,
+    progress_thread: bool = False,
+) -> dict[str, Any]:
     from nixl_cu12 import _api
 
     from railtrace_tracing.kv_transfer import NixlKVTransferInstrumentor, kv_transfer_scope
@@ -150,7 +156,10 @@ def run(transfers: int, block: int, telemetry: bool, sizes: set[float] | None = 
 
     largest = max(size for size, _ in CONFIGS)
     conf = _api.nixl_agent_config(
-        enable_prog_thread=False, enable_listen_thread=False, backends=["UCX"], capture_telemetry=telemetry
+        enable_prog_thread=progress_thread,
+        enable_listen_thread=False,
+        backends=["UCX"],
+        capture_telemetry=telemetry,
     )
     agent = _api.nixl_agent("bench-kv-initiator", conf)
     buf = np.zeros(largest, dtype=np.uint8)
@@ -301,10 +310,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block", type=int, default=5, help="transfers per mode before switching")
     ap.add_argument("--no-telemetry", action="store_true", help="agents without capture_telemetry")
     ap.add_argument("--sizes", help="only these transfer sizes, MiB, comma-separated (e.g. 16,256)")
+    ap.add_argument(
+        "--progress-thread",
+        action="store_true",
+        help="NIXL's progress thread on, as vLLM's agents have it (nixl_agent_config's default)",
+    )
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     sizes = {float(s) for s in args.sizes.split(",")} if args.sizes else None
-    out = run(args.transfers, args.block, not args.no_telemetry, sizes)
+    out = run(args.transfers, args.block, not args.no_telemetry, sizes, args.progress_thread)
     text = json.dumps(out, indent=1)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:

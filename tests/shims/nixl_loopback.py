@@ -186,10 +186,14 @@ def initiator_main(args: argparse.Namespace) -> int:
                     deadline = time.monotonic() + 30
                     while state not in ("DONE", "ERR") and time.monotonic() < deadline:
                         state = agent.check_xfer_state(handle)
+                    carried = getattr(handle, "_railtrace_record", None) is not None
                     agent.release_xfer_handle(handle)
                 result["transfers"].append(
                     {
                         "state": state,
+                        # NIXL's handle class, and whether the shim's record rode on the handle
+                        "handle_class": type(handle).__qualname__,
+                        "record_on_handle": carried,
                         "wall_ns": time.perf_counter_ns() - t0,
                         "cpu_ns": time.process_time_ns() - c0,
                         "request_span_id": f"{req_span.get_span_context().span_id:016x}",

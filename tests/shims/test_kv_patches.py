@@ -1,6 +1,10 @@
 """The NIXL patches' bookkeeping, on a stand-in agent class (no NIXL needed): every path from post
 to span — completion inside the post, polling, error, release before done, prepped lists,
-NIXL telemetry, inline emission — and that uninstrument() puts the class back as it was."""
+NIXL telemetry, inline emission — and that uninstrument() puts the class back as it was.
+
+Every test runs twice: with handles of a slotted class, as NIXL 1.x's `nixl_xfer_handle` (the
+shim keeps each record on the handle, in a subclass it puts in NIXL's module), and with opaque
+objects, as NIXL releases whose handles are plain values (records keyed by id)."""
 
 from __future__ import annotations
 
@@ -49,10 +53,15 @@ class FakeAgent:
     def initialize_xfer(
         self, operation: str, local_descs: Any, remote_descs: Any, remote_agent: str, notif=b""
     ):
-        return object()
+        return self._new_handle()
 
     def make_prepped_xfer(self, operation: str, local_xfer_side: Any, local_indices: Any, *rest: Any):
-        return object()
+        return self._new_handle()
+
+    def _new_handle(self) -> Any:
+        # As NIXL's _api does: the handle class is looked up in the module when a handle is made.
+        handle_cls = getattr(sys.modules.get(MODULE), "nixl_xfer_handle", None)
+        return object() if handle_cls is None else handle_cls(self, 0)
 
     def transfer(self, handle: Any, notif_msg: bytes = b"") -> str:
         return self._next()
@@ -76,12 +85,27 @@ class FakeAgent:
         return Telemetry()
 
 
-@pytest.fixture()
-def traced(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, InMemorySpanExporter, Any]]:
+class SlottedHandle:
+    """NIXL 1.x's `nixl_xfer_handle` shape: slots, no instance dict."""
+
+    __slots__ = ("_agent", "_handle", "_released")
+
+    def __init__(self, agent: Any, value: int) -> None:
+        self._handle = int(value)
+        self._agent = agent
+        self._released = False
+
+
+@pytest.fixture(params=["slotted-handles", "opaque-handles"])
+def traced(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Any, InMemorySpanExporter, Any]]:
     pkg = types.ModuleType("railtrace_fake_nixl")
     api = types.ModuleType(MODULE)
     cls = type("nixl_agent", (FakeAgent,), {})
     api.nixl_agent = cls  # type: ignore[attr-defined]
+    if request.param == "slotted-handles":
+        api.nixl_xfer_handle = type("nixl_xfer_handle", (SlottedHandle,), {"__slots__": ()})  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "railtrace_fake_nixl", pkg)
     monkeypatch.setitem(sys.modules, MODULE, api)
     monkeypatch.setattr(mod, "NIXL_MODULES", (MODULE,))
@@ -280,12 +304,12 @@ def test_nothing_after_the_post_but_two_stores(traced: Any) -> None:
     real_next = agent._next
 
     def post_sees_the_record() -> str:  # inside the post: the record exists, not ended
-        seen.append(list(inst._handles[id(h)]))
+        seen.append(list(inst._record_of(h)))
         return real_next()
 
     agent._next = post_sees_the_record  # type: ignore[method-assign]
     assert agent.transfer(h) == "DONE"
-    before, after = seen[0], inst._handles[id(h)]
+    before, after = seen[0], inst._record_of(h)
     assert before[5] is None and before[6] is None and before[0] > 0
     assert after[5] == "DONE" and after[6] >= after[0] and after[:5] == before[:5]
     agent.release_xfer_handle(h)
@@ -324,3 +348,34 @@ def test_a_failure_seen_by_the_poll_survives_the_release(traced: Any) -> None:
         agent.release_xfer_handle(h)
     errors = sorted(s.attributes[sc.ERROR_TYPE] for s in _spans(inst, traced[1]))
     assert errors == ["nixlRemoteDisconnectError", "nixl_xfer_err"]
+
+
+def test_where_records_live_and_nixls_handle_class_comes_back(traced: Any) -> None:
+    """With NIXL's slotted handle class the record rides on the handle (no dict lookup after a
+    large copy), a handle made before instrument() still gets its span by id, a released handle
+    drops its record (no handle ↔ record cycle), and uninstrument() restores NIXL's class. With
+    opaque handles the module is left as it is and records are keyed by id until released."""
+    inst, _mem, (cls, _tp) = traced
+    api = sys.modules[MODULE]
+    base = getattr(api, "nixl_xfer_handle", None)
+    early_agent = cls("dec-early")  # made before instrument(): no telemetry flag on it
+    early = early_agent.initialize_xfer("READ", [(0, 10, 0)], [(0, 10, 0)], "peer")
+    inst, cls = _start(traced)
+    agent = cls("dec-0")
+    h = agent.initialize_xfer("READ", [(0, 10, 0)], [(0, 10, 0)], "peer")
+    if base is None:
+        assert not hasattr(api, "nixl_xfer_handle") and inst._handles[id(h)] is inst._record_of(h)
+    else:
+        assert api.nixl_xfer_handle is not base and issubclass(api.nixl_xfer_handle, base)
+        assert type(h) is api.nixl_xfer_handle and inst._record_of(h) is h._railtrace_record
+        assert id(h) not in inst._handles
+    assert agent.transfer(h) == "DONE" and agent.check_xfer_state(h) == "DONE"
+    agent.release_xfer_handle(h)
+    assert inst._handles == {} and (base is None or h._railtrace_record is None)
+    early_agent.script = ["DONE"]
+    assert early_agent.transfer(early) == "DONE" and id(early) in inst._handles
+    early_agent.release_xfer_handle(early)
+    assert inst._handles == {}
+    assert len(_spans(inst, traced[1])) == 2
+    inst.uninstrument()
+    assert getattr(api, "nixl_xfer_handle", None) is base

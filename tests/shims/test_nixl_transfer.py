@@ -66,6 +66,9 @@ def run_nixl_module(module: str, tmp_path: Path, **extra_env: str) -> subprocess
 def test_default_transports_give_shm_cma(tmp_path: Path) -> None:
     result = run_loopback(tmp_path, "READ")
     assert result["transfers"][0]["state"] == "DONE" and result["verified"] is True
+    # NIXL 1.5.1's slotted handle class, subclassed by the shim: the record rides on the handle.
+    assert result["transfers"][0]["handle_class"] == "nixl_xfer_handle"
+    assert result["transfers"][0]["record_on_handle"] is True
     [span] = kv_spans(result)
     a = span["attributes"]
     assert a[sc.KV_TRANSPORT] == "shm" and a[sc.KV_DEVICES] == ["cma/memory"]

@@ -2,7 +2,7 @@
 
 Patches `nixl_agent` (nixl / nixl_cu12 / nixl_cu13 `_api`): `initialize_xfer` and
 `make_prepped_xfer` make the handle's record (what it will move), `transfer` notes the post
-time and a snapshot of the thread's context (request scope, trace context), `transfer` or
+time, the request's scope and the trace context (by reference), `transfer` or
 `check_xfer_state` note the end when NIXL reports DONE or ERR, `get_xfer_telemetry` keeps the
 telemetry the caller reads (vLLM does, after DONE), `release_xfer_handle` reads it if nobody did
 and ends a transfer still open. Transport and devices come from UCX's own log (`ucx_capture`).
@@ -10,7 +10,8 @@ and ends a transfer still open. Transport and devices come from UCX's own log (`
 The transfer's own thread (vLLM's engine thread) only fills in the record by reference: with
 `cma` the copy runs on that thread and evicts its caches, and each object the shim touches
 afterwards is fetched again, so the patches touch as few as they can (plain functions, a list
-indexed by literal positions, one dict). The emitter thread takes the records once they end and
+indexed by literal positions, reached through the handle NIXL's own call has just read; flags on
+the agent, not in a set). The emitter thread takes the records once they end and
 does everything else: reading the request and trace context, bytes, UCX evidence, the span.
 """
 
@@ -142,12 +143,13 @@ def _str(v: Any) -> str | None:
 _Handle = tuple[Any, Any, Any, Any, Any, Any, Any]
 # A handle's record, made when the handle is (initialize_xfer / make_prepped_xfer), filled in by
 # the post and by the patches that see it end; a re-post starts a new one:
-# [0 post time, 1 snapshot of the posting thread's context (`contextvars.copy_context`: request
-#  scope and trace context), 2 parent context when the OpenTelemetry runtime context is not
-#  contextvars-based, 3 the call that made the handle (raw), 4 agent, 5 state, 6 end time,
+# [0 post time, 1 the posting thread's request scope (or None), 2 its OpenTelemetry context,
+#  3 the call that made the handle (raw), 4 agent, 5 state, 6 end time,
 #  7 NIXL telemetry, 8 closed: nothing more will be learned (telemetry kept, handle released, or
 #  an agent without telemetry)]. A list indexed by literal positions: after a `cma` copy a store
-#  into it is the cheapest thing a patch can do (no name lookups).
+#  into it is the cheapest thing a patch can do (no name lookups). It lives on the handle (the
+#  slot `_railtrace_record` of the shim's subclass of NIXL's handle class) or, for handles of
+#  another class, in `_handles` by id.
 _Record = list[Any]
 
 
@@ -173,8 +175,8 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         self.capture = UcxLogCapture()
         self._tracer_provider: Any = None
         self._handles: dict[int, _Record] = {}  # handle id → its record (latest post), until released
+        self._handle_classes: list[tuple[Any, type, type]] = []  # (module, nixl's class, the shim's)
         self._dlists: dict[int, tuple[Any, Any, str]] = {}  # id → (handle, lengths, agent name)
-        self._telemetry_agents: set[int] = set()
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._patched: list[Any] = []
@@ -245,6 +247,11 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                 patch.__doc__ = getattr(original, "__doc__", None)
                 setattr(cls, name, patch)
             self._patched.append(cls)
+            base = getattr(module, "nixl_xfer_handle", None)
+            traced = _traced_handle_class(base)
+            if traced is not None:
+                module.nixl_xfer_handle = traced
+                self._handle_classes.append((module, base, traced))
 
         # Never import nixl here: importing it early would change what the host (vLLM) decides
         # about UCX. The hook runs at once when the module is already imported.
@@ -270,6 +277,10 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                 else:
                     delattr(cls, name)
         self._patched.clear()
+        for module, base, traced in self._handle_classes:
+            if getattr(module, "nixl_xfer_handle", None) is traced:
+                module.nixl_xfer_handle = base
+        self._handle_classes.clear()
         self._handles.clear()
         self._dlists.clear()
         self.flush_deferred(final=True)
@@ -286,14 +297,16 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             try:
                 conf = kwargs.get("nixl_conf", args[1] if len(args) > 1 else None)
                 env = os.environ.get("NIXL_TELEMETRY_ENABLE", "").lower()
-                if (conf is not None and getattr(conf, "capture_telemetry", False)) or env in (
+                captures = (conf is not None and bool(getattr(conf, "capture_telemetry", False))) or env in (
                     "y",
                     "yes",
                     "1",
                     "true",
                     "on",
-                ):
-                    self._telemetry_agents.add(id(agent))
+                )
+                # On the agent, which NIXL's own methods read anyway: a set keyed by id(agent)
+                # was one more object fetched per transfer after a large copy.
+                agent._railtrace_telemetry = captures
             except Exception:
                 pass
 
@@ -347,14 +360,14 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         return prep_xfer_dlist
 
     def _make_initialize_xfer(self, original: Any) -> Any:
-        handles, telemetry_agents = self._handles, self._telemetry_agents
+        handles = self._handles
 
         def initialize_xfer(agent: Any, *args: Any, **kwargs: Any) -> Any:
             handle = original(agent, *args, **kwargs)
             # The call as made; read (operation, descriptors, peer) on the emitter, not here.
             try:  # zero-cost unless it raises: a shim bug never reaches the host
                 raw = (handle, agent, args, kwargs, False)
-                handles[id(handle)] = [
+                rec = [
                     None,
                     None,
                     None,
@@ -363,8 +376,12 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                     None,
                     None,
                     None,
-                    id(agent) not in telemetry_agents,
+                    _no_telemetry(agent),
                 ]
+                try:
+                    handle._railtrace_record = rec
+                except AttributeError:  # not a handle of the shim's class: keyed by id instead
+                    handles[id(handle)] = rec
             except Exception:
                 logger.debug("railtrace: initialize_xfer", exc_info=True)
             return handle
@@ -398,7 +415,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             return (handle, name, "", None, None, None, None)
 
     def _make_make_prepped_xfer(self, original: Any) -> Any:
-        handles, telemetry_agents = self._handles, self._telemetry_agents
+        handles = self._handles
 
         def make_prepped_xfer(agent: Any, *args: Any, **kwargs: Any) -> Any:
             handle = original(agent, *args, **kwargs)
@@ -406,8 +423,12 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             # NIXL's telemetry). The index arrays are vLLM's per-call objects, kept by reference.
             # The handle's record is made here, so that posting it only fills it in.
             try:
+                try:  # inline, not _no_telemetry(): one call and one global fewer per transfer
+                    quiet = not agent._railtrace_telemetry
+                except AttributeError:
+                    quiet = True
                 raw = (handle, agent, args, kwargs, True)
-                handles[id(handle)] = [
+                rec = [
                     None,
                     None,
                     None,
@@ -416,8 +437,12 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                     None,
                     None,
                     None,
-                    id(agent) not in telemetry_agents,
+                    quiet,
                 ]
+                try:
+                    handle._railtrace_record = rec
+                except AttributeError:
+                    handles[id(handle)] = rec
             except Exception:
                 logger.debug("railtrace: make_prepped_xfer", exc_info=True)
             return handle
@@ -426,24 +451,26 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
 
     def _make_transfer(self, original: Any) -> Any:
         handles, queue = self._handles, self._queue
-        snapshot = contextvars.copy_context
-        otel_var = _OTEL_CONTEXT_VAR
-        get_current = otel_context.get_current
+        scope_now = _SCOPE.get
+        # The SDK's context variable read directly when it is the runtime context (no call into
+        # the API's runtime-context layer); otherwise the API's get_current().
+        parent_now = _OTEL_CONTEXT_VAR.get if _OTEL_CONTEXT_VAR is not None else otel_context.get_current
         inline = not self._async
 
         def transfer(agent: Any, handle: Any, notif_msg: bytes = b"") -> Any:
             # With `cma` the copy runs inside the post and evicts the caches, so whatever the
             # shim touches afterwards is fetched again: it notes the post by reference before
-            # (one context snapshot, one clock read) and makes two stores after.
+            # (two context-variable reads, one clock read) and makes two stores after.
             rec = None
             try:
-                key = id(handle)
-                rec = handles.get(key)
+                try:
+                    rec = handle._railtrace_record
+                except AttributeError:
+                    rec = handles.get(id(handle))
                 if rec is None or rec[0] is not None:  # a handle not seen prepared, or re-posted
-                    rec = self._new_record(agent, key, rec)
-                rec[1] = snapshot()  # the request's scope and trace context, read on the emitter
-                if otel_var is None:  # a runtime context that is not contextvars-based
-                    rec[2] = get_current()
+                    rec = self._new_record(agent, handle, rec)
+                rec[1] = scope_now()  # the request's scope and its trace context, by reference
+                rec[2] = parent_now()
                 rec[0] = _time_ns()
                 if not inline:
                     queue.append(rec)  # the emitter holds it until it ends
@@ -471,11 +498,14 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             try:
                 state = original(agent, handle)
             except Exception as exc:
-                self._raised(handles.get(id(handle)), exc)
+                self._raised(self._record_of(handle), exc)
                 raise
             if state != "PROC":
                 try:
-                    rec = handles.get(id(handle))
+                    try:
+                        rec = handle._railtrace_record
+                    except AttributeError:
+                        rec = handles.get(id(handle))
                     if rec is not None and rec[6] is None and rec[0] is not None:  # not ended yet
                         rec[5] = state
                         rec[6] = _time_ns()
@@ -494,7 +524,10 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             tel = original(agent, handle)
             # vLLM (0.12 on) reads it right after DONE: the shim keeps that object, no second read.
             try:
-                rec = handles.get(id(handle))
+                try:
+                    rec = handle._railtrace_record
+                except AttributeError:
+                    rec = handles.get(id(handle))
                 if rec is not None and rec[6] is not None and rec[7] is None:
                     rec[7] = tel
                     rec[8] = True
@@ -509,7 +542,11 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
 
         def release_xfer_handle(agent: Any, handle: Any) -> Any:
             try:
-                rec = handles.pop(id(handle), None)
+                try:
+                    rec = handle._railtrace_record
+                    handle._railtrace_record = None  # the record refers to its handle: no cycle
+                except AttributeError:
+                    rec = handles.pop(id(handle), None)
                 if rec is not None and rec[0] is not None and (rec[6] is None or not rec[8]):
                     if rec[5] == "DONE" and rec[7] is None and rec[6] is not None:
                         # The caller did not read NIXL's telemetry: read it while the handle lives.
@@ -522,14 +559,23 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         return release_xfer_handle
 
     # -- completion (cold paths: re-posts, errors, release, inline mode) ------------------
-    def _new_record(self, agent: Any, key: int, previous: _Record | None) -> _Record:
+    def _new_record(self, agent: Any, handle: Any, previous: _Record | None) -> _Record:
         """A record for a handle posted again (the previous transfer is over) or never seen prepared."""
         if previous is not None:
             self._close(previous, None)
         raw = previous[3] if previous is not None else None
-        rec = [None, None, None, raw, agent, None, None, None, id(agent) not in self._telemetry_agents]
-        self._handles[key] = rec
+        rec = [None, None, None, raw, agent, None, None, None, _no_telemetry(agent)]
+        try:
+            handle._railtrace_record = rec
+        except AttributeError:
+            self._handles[id(handle)] = rec
         return rec
+
+    def _record_of(self, handle: Any) -> _Record | None:
+        try:
+            return handle._railtrace_record
+        except AttributeError:
+            return self._handles.get(id(handle))
 
     def _close(self, rec: _Record, state_if_open: str | None) -> None:
         """No more news for this transfer: end it now if it has not ended (re-post, release, error)."""
@@ -740,6 +786,28 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         return self.flush_deferred(final=True) == 0
 
 
+def _no_telemetry(agent: Any) -> bool:
+    """True unless the agent captures NIXL's telemetry (noted when it was created; agents created
+    before `instrument()` are treated as not capturing it)."""
+    try:
+        return not agent._railtrace_telemetry
+    except AttributeError:
+        return True
+
+
+def _traced_handle_class(base: Any) -> type | None:
+    """NIXL's transfer-handle class with one more slot, where the shim keeps the handle's record.
+    The patches reach it through the handle, which NIXL's own call has just read, instead of a
+    dict keyed by handle: after a `cma` copy that is one object fewer fetched per call."""
+    if not isinstance(base, type) or "__slots__" not in base.__dict__:
+        return None  # another NIXL (plain int handles, no slots): the shim keys records by id
+    return type(
+        base.__name__,
+        (base,),
+        {"__slots__": ("_railtrace_record",), "__module__": base.__module__, "__doc__": base.__doc__},
+    )
+
+
 def _read_telemetry(agent: Any, handle: Any) -> Any:
     """NIXL's telemetry of a finished transfer the caller did not read, read at its release while
     the handle is live (converted later, on the emitter). The binding is called directly:
@@ -778,14 +846,8 @@ def _telemetry_fields(tel: Any, info: _Handle | None) -> tuple[_Handle | None, d
 
 def _item(rec: _Record) -> tuple[Any, ...]:
     """An ended record as the emitter's item: ((post time, scope, parent), end, state, what the
-    handle moves, telemetry, agent). Scope and parent are read from the post's context snapshot."""
-    snap, parent = rec[1], rec[2]
-    scope = None
-    if snap is not None:
-        scope = snap.get(_SCOPE)
-        if parent is None and _OTEL_CONTEXT_VAR is not None:
-            parent = snap.get(_OTEL_CONTEXT_VAR)
-    return ((rec[0], scope, parent), rec[6], rec[5], rec[3], rec[7], rec[4])
+    handle moves, telemetry, agent)."""
+    return ((rec[0], rec[1], rec[2]), rec[6], rec[5], rec[3], rec[7], rec[4])
 
 
 def _ident(item: tuple[Any, ...]) -> tuple[str, str, str]:
@@ -814,13 +876,15 @@ def _prepped_bytes(lengths: Any, indices: Any) -> int | None:
 
 def _otel_context_var() -> contextvars.ContextVar[Any] | None:
     """The SDK's ContextVar holding the current OpenTelemetry context, when that is the runtime
-    context in use: the patches then take one snapshot of the thread's context (request scope and
-    trace context at once) and the emitter reads both from it. None for another runtime context."""
+    context in use: the post then reads it directly, without the API's runtime-context layer.
+    None for another runtime context (the post then calls `opentelemetry.context.get_current`)."""
     try:
         from opentelemetry.context import _RUNTIME_CONTEXT
 
         var = getattr(_RUNTIME_CONTEXT, "_current_context", None)
-        if isinstance(var, contextvars.ContextVar) and isinstance(var.get(), otel_context.Context):
+        # ...and it has a default, so that a thread that never set it reads that, not LookupError.
+        fresh = contextvars.Context().run(var.get) if isinstance(var, contextvars.ContextVar) else None
+        if isinstance(fresh, otel_context.Context):
             return var
     except Exception:
         pass
