@@ -276,6 +276,11 @@ def run(
                 / 1e3
                 for name in per_call["on"]
             }
+            r["passthrough_cpu_us_median_by_call"] = {
+                name: (statistics.median(per_call["bare"][name]) - statistics.median(per_call["off"][name]))
+                / 1e3
+                for name in per_call["bare"]
+            }
             r["added_cpu_us_median"] = (statistics.median(cpu["on"]) - statistics.median(cpu["off"])) / 1e3
             r["added_cpu_us_p99"] = pct(added, 0.99) / 1e3
             r["added_share_pct"] = 100 * r["added_cpu_us_median"] / r["off"]["wall_us_median"]
