@@ -743,6 +743,7 @@ ENV_ENABLE = "RAILTRACE_SHIMS"  # comma list: nixl,gateway,router,pd or "all"; e
 ENV_UCX_LOG = "RAILTRACE_UCX_LOG"  # where the shim routes UCX's log (file the shim owns)
 ENV_UCX_CAPTURE = "RAILTRACE_UCX_CAPTURE"  # "0" leaves UCX_LOG_* alone (evidence then `unknown`)
 ENV_OTEL_SETUP = "RAILTRACE_OTEL_SETUP"  # "0": never build a tracer provider from OTEL_* variables
+ENV_KV_HOT_PATH = "RAILTRACE_KV_HOT_PATH"  # "python": the KV shim's Python patches, not the C ones
 # Shim names that switch the KV-transfer shim on (the vLLM plugin and opentelemetry-instrument).
 KV_SHIM_NAMES = frozenset({"nixl", "kv", "kv_transfer", "vllm"})
 ENV_VARS: dict[str, str] = {
@@ -750,4 +751,5 @@ ENV_VARS: dict[str, str] = {
     ENV_UCX_LOG: "Path of the UCX log file the KV shim reads evidence from (default: a private temp file).",
     ENV_UCX_CAPTURE: "`0` stops the KV shim from setting UCX_LOG_LEVEL/UCX_PROTO_INFO/UCX_LOG_FILE.",
     ENV_OTEL_SETUP: "`0`: the KV shim never builds a tracer provider from the standard `OTEL_*` variables.",
+    ENV_KV_HOT_PATH: "`python`: the KV shim's Python patches of NIXL, even where its C hot path is built.",
 }

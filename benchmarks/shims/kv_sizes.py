@@ -2,7 +2,7 @@
 8k to 131k blocks per transfer.
 
     UCX_NET_DEVICES=lo .venv/bin/python -m benchmarks.shims.kv_sizes [--transfers 30] [--block 5]
-        [--no-telemetry] [--out FILE]
+        [--no-telemetry] [--hot-path auto|c|python] [--out FILE]
 
 Two NIXL 1.5.1 agents in two processes (the target from tests.shims.nixl_loopback). The initiator
 registers one buffer per size, prepares descriptor lists of N equal blocks on both sides
@@ -106,6 +106,7 @@ def run(
     telemetry: bool,
     sizes: set[float] | None = None,
     progress_thread: bool = False,
+    hot_path: str = "auto",
 ) -> dict[str, Any]:
     from nixl_cu12 import _api
 
@@ -132,7 +133,7 @@ def run(
     tp = TracerProvider()
     tp.add_span_processor(BatchSpanProcessor(exporter))
     inst = NixlKVTransferInstrumentor()
-    inst.instrument(tracer_provider=tp)
+    inst.instrument(tracer_provider=tp, hot_path=hot_path)
     cls = _api.nixl_agent
     patched = {n: cls.__dict__[n] for n in mod._METHODS if n in cls.__dict__}
     originals = {n: getattr(f, mod._PATCH_MARK)[1] for n, f in patched.items()}
@@ -302,6 +303,8 @@ def run(
         target.wait(timeout=60)
     return {
         "telemetry": telemetry,
+        # what `on` measured: "c" (the C hot path, _hotpath.c) or "python" (the Python patches)
+        "hot_path": "c" if type(patched["transfer"]).__name__ == "HotPatch" else "python",
         "configs": results,
         "spans_by_transport": exporter.by_transport,
         "span_bytes_seen": sorted(exporter.bytes_seen),
@@ -320,10 +323,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="NIXL's progress thread on, as vLLM's agents have it (nixl_agent_config's default)",
     )
+    ap.add_argument(
+        "--hot-path",
+        choices=("auto", "c", "python"),
+        default="auto",
+        help="the shim's C hot path (auto: where built) or its Python patches",
+    )
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     sizes = {float(s) for s in args.sizes.split(",")} if args.sizes else None
-    out = run(args.transfers, args.block, not args.no_telemetry, sizes, args.progress_thread)
+    out = run(args.transfers, args.block, not args.no_telemetry, sizes, args.progress_thread, args.hot_path)
     text = json.dumps(out, indent=1)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:

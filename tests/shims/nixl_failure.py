@@ -50,7 +50,11 @@ def main() -> int:
         except Exception as exc:
             raised = type(exc).__name__
     inst.force_flush()
-    out = {"raised": raised, "spans": [_span_dict(s) for s in exporter.get_finished_spans()]}
+    out = {
+        "raised": raised,
+        "patch_type": type(vars(_api.nixl_agent)["transfer"]).__name__,  # HotPatch: the C hot path
+        "spans": [_span_dict(s) for s in exporter.get_finished_spans()],
+    }
     inst.uninstrument()
     print("RTFAIL " + json.dumps(out))
     return 0

@@ -160,7 +160,9 @@ def initiator_main(args: argparse.Namespace) -> int:
         else ((np.arange(args.size) % 13).astype(np.uint8))
     )
     target, agent, peer, remote_addr = open_initiator("loop-initiator", buf)
-    result: dict[str, Any] = {"op": args.op, "transfers": []}
+    # The shim's patch of `transfer` on NIXL's class: HotPatch (the C hot path) or function.
+    patch_type = type(vars(type(agent)).get("transfer")).__name__
+    result: dict[str, Any] = {"op": args.op, "transfers": [], "patch_type": patch_type}
     try:
         local = agent.get_xfer_descs([(buf.ctypes.data, args.size, 0)], "DRAM")
         remote = agent.get_xfer_descs([(remote_addr, args.size, 0)], "DRAM")

@@ -4,6 +4,7 @@ own dependencies only, never the service's (FastAPI, SQLAlchemy, the Kubernetes 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -59,7 +60,7 @@ SERVICE_ONLY = {
 
 CHECK = textwrap.dedent(
     """
-    import json, os, sys
+    import importlib.util, json, os, sys
     from importlib.metadata import entry_points
     before = dict(os.environ)
     from railtrace_tracing.kv_transfer import vllm
@@ -69,6 +70,7 @@ CHECK = textwrap.dedent(
         "instrumentors": sorted(e.name for e in entry_points(group="opentelemetry_instrumentor")),
         "env_same": dict(os.environ) == before,
         "service_imported": "railtrace" in sys.modules,
+        "hot_path_built": importlib.util.find_spec("railtrace_tracing.kv_transfer._hotpath") is not None,
     }))
     """
 )
@@ -78,7 +80,7 @@ CHECK = textwrap.dedent(
 def test_shims_install_alone_with_opentelemetry_and_wrapt_only(tmp_path: Path) -> None:
     src = tmp_path / "src"
     shutil.copytree(
-        ROOT / "tracing", src, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__", "build")
+        ROOT / "tracing", src, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__", "build", "*.so")
     )
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
@@ -107,3 +109,28 @@ def test_shims_install_alone_with_opentelemetry_and_wrapt_only(tmp_path: Path) -
     assert result["plugins"] == ["railtrace_tracing.kv_transfer.vllm:register"]
     assert result["instrumentors"] == ["railtrace_gateway", "railtrace_nixl"]
     assert result["env_same"] and not result["service_imported"]
+    assert result["hot_path_built"]  # compiled from kv_transfer/_hotpath.c at install
+
+    # An image without a C compiler: the install still succeeds, and the shim uses its Python patches.
+    shutil.rmtree(src / "build", ignore_errors=True)  # else setuptools reuses the first build
+    subprocess.run(
+        [
+            str(py),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--force-reinstall",
+            str(src),
+        ],
+        check=True,
+        timeout=600,
+        env={**os.environ, "CC": "/bin/false"},
+    )
+    out = subprocess.run(
+        [str(py), "-c", CHECK], cwd=tmp_path, env=env, check=True, capture_output=True, text=True, timeout=60
+    ).stdout
+    result = json.loads(out)
+    assert not result["hot_path_built"] and result["env_same"] and not result["service_imported"]

@@ -2,9 +2,12 @@
 to span — completion inside the post, polling, error, release before done, prepped lists,
 NIXL telemetry, inline emission — and that uninstrument() puts the class back as it was.
 
-Every test runs twice: with handles of a slotted class, as NIXL 1.x's `nixl_xfer_handle` (the
+Every test runs four times: with handles of a slotted class, as NIXL 1.x's `nixl_xfer_handle` (the
 shim keeps each record on the handle, in a subclass it puts in NIXL's module), and with opaque
-objects, as NIXL releases whose handles are plain values (records keyed by id)."""
+objects, as NIXL releases whose handles are plain values (records keyed by id); each with the C
+hot path (`_hotpath.c`, the default where it is built: the test environment builds it) and with
+the Python patches (`RAILTRACE_KV_HOT_PATH=python`). With opaque handles the C patches hand
+every call to the Python ones, which these tests also cover."""
 
 from __future__ import annotations
 
@@ -96,15 +99,25 @@ class SlottedHandle:
         self._released = False
 
 
-@pytest.fixture(params=["slotted-handles", "opaque-handles"])
+@pytest.fixture(
+    params=[
+        ("slotted-handles", "c"),
+        ("slotted-handles", "python"),
+        ("opaque-handles", "c"),
+        ("opaque-handles", "python"),
+    ],
+    ids="-".join,
+)
 def traced(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[Any, InMemorySpanExporter, Any]]:
+    handles, hot_path = request.param
+    monkeypatch.setenv(sc.ENV_KV_HOT_PATH, hot_path)  # "c" fails loudly if it is not built
     pkg = types.ModuleType("railtrace_fake_nixl")
     api = types.ModuleType(MODULE)
     cls = type("nixl_agent", (FakeAgent,), {})
     api.nixl_agent = cls  # type: ignore[attr-defined]
-    if request.param == "slotted-handles":
+    if handles == "slotted-handles":
         api.nixl_xfer_handle = type("nixl_xfer_handle", (SlottedHandle,), {"__slots__": ()})  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "railtrace_fake_nixl", pkg)
     monkeypatch.setitem(sys.modules, MODULE, api)

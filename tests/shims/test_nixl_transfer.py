@@ -63,8 +63,16 @@ def run_nixl_module(module: str, tmp_path: Path, **extra_env: str) -> subprocess
     )
 
 
-def test_default_transports_give_shm_cma(tmp_path: Path) -> None:
-    result = run_loopback(tmp_path, "READ")
+# The shim's C hot path (the default where it is built) and its Python patches, on real NIXL.
+HOT_PATHS = pytest.mark.parametrize(
+    ("hot_path", "patch_type"), [("auto", "HotPatch"), ("python", "function")]
+)
+
+
+@HOT_PATHS
+def test_default_transports_give_shm_cma(tmp_path: Path, hot_path: str, patch_type: str) -> None:
+    result = run_loopback(tmp_path, "READ", {sc.ENV_KV_HOT_PATH: hot_path})
+    assert result["patch_type"] == patch_type
     assert result["transfers"][0]["state"] == "DONE" and result["verified"] is True
     # NIXL 1.5.1's slotted handle class, subclassed by the shim: the record rides on the handle.
     assert result["transfers"][0]["handle_class"] == "nixl_xfer_handle"
@@ -155,11 +163,15 @@ def test_two_peers_of_different_transports_each_span_names_its_own(tmp_path: Pat
     assert shm[sc.KV_EVIDENCE].split(" cfg#")[1][0] != tcp[sc.KV_EVIDENCE].split(" cfg#")[1][0]
 
 
-def test_a_post_that_raises_ends_its_span_with_the_error(tmp_path: Path) -> None:
+@HOT_PATHS
+def test_a_post_that_raises_ends_its_span_with_the_error(
+    tmp_path: Path, hot_path: str, patch_type: str
+) -> None:
     """Real NIXL: posting a handle whose peer was removed raises from `transfer()`; the
     exception reaches the caller unchanged and the span ends with its class as the error."""
-    proc = run_nixl_module("tests.shims.nixl_failure", tmp_path)
+    proc = run_nixl_module("tests.shims.nixl_failure", tmp_path, **{sc.ENV_KV_HOT_PATH: hot_path})
     out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RTFAIL "))[7:])
+    assert out["patch_type"] == patch_type
     assert out["raised"] == "nixlNotFoundError"
     [span] = kv_spans(out)
     a = span["attributes"]

@@ -52,10 +52,25 @@ _METHODS = (
     "get_xfer_telemetry",
     "release_xfer_handle",
 )
+# The patches `_hotpath.c` has in C (the calls of every transfer); the others stay Python.
+_HOT_METHODS = (
+    "make_prepped_xfer",
+    "transfer",
+    "check_xfer_state",
+    "get_xfer_telemetry",
+    "release_xfer_handle",
+)
 _PATCH_MARK = "__railtrace_original__"
 _time_ns = time.time_ns
 _ERRORS = {"ERR": "nixl_xfer_err", "RELEASED": "released_before_done"}
 _EXC = "EXC:"  # state prefix of a transfer whose post or poll raised: "EXC:<exception class>"
+try:  # optional: built from _hotpath.c where the install had a compiler (see tracing/setup.py)
+    from railtrace_tracing.kv_transfer import _hotpath
+
+    _HOTPATH_ERROR = ""
+except ImportError as exc:  # pragma: no cover - depends on the install
+    _hotpath = None
+    _HOTPATH_ERROR = str(exc)
 try:  # vectorised byte sums for prepped transfers (vLLM passes numpy index arrays)
     import numpy as _np
 except Exception:  # pragma: no cover - numpy is everywhere NIXL is
@@ -151,6 +166,7 @@ _Handle = tuple[Any, Any, Any, Any, Any, Any, Any]
 #  slot `_railtrace_record` of the shim's subclass of NIXL's handle class) or, for handles of
 #  another class, in `_handles` by id.
 _Record = list[Any]
+_RECORD_LEN = 9  # REC_LEN in _hotpath.c
 
 
 class NixlKVTransferInstrumentor(GatedInstrumentor):
@@ -193,6 +209,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         self._capture_wanted = True
         self._ucx_log_path: str | None = None
         self._agents_seen = 0
+        self._hot_path = False
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork)
 
@@ -215,6 +232,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
 
     # -- lifecycle ----------------------------------------------------------------------
     def _instrument(self, **kwargs: Any) -> None:
+        self._hot_path = _want_hot_path(kwargs.get("hot_path"))  # first: a bad value changes nothing
         self._tracer_provider = kwargs.get("tracer_provider")
         self._active = True
         self._grace_ns = int(float(kwargs.get("evidence_grace_s", 1.0)) * 1e9)
@@ -242,6 +260,8 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                 if original is None:
                     continue
                 patch = getattr(self, "_make_" + name.strip("_"))(original)
+                if name in _HOT_METHODS and self._hot_path:
+                    patch = self._hot_patch(name, original, patch)
                 setattr(patch, _PATCH_MARK, (name in cls.__dict__, original))
                 patch.__name__ = getattr(original, "__name__", name)
                 patch.__doc__ = getattr(original, "__doc__", None)
@@ -467,7 +487,8 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                     rec = handle._railtrace_record
                 except AttributeError:
                     rec = handles.get(id(handle))
-                if rec is None or rec[0] is not None:  # a handle not seen prepared, or re-posted
+                # A handle not seen prepared, re-posted, or whose slot holds something else.
+                if type(rec) is not list or len(rec) != _RECORD_LEN or rec[0] is not None:
                     rec = self._new_record(agent, handle, rec)
                 rec[1] = scope_now()  # the request's scope and its trace context, by reference
                 rec[2] = parent_now()
@@ -548,19 +569,35 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                 except AttributeError:
                     rec = handles.pop(id(handle), None)
                 if rec is not None and rec[0] is not None and (rec[6] is None or not rec[8]):
-                    if rec[5] == "DONE" and rec[7] is None and rec[6] is not None:
-                        # The caller did not read NIXL's telemetry: read it while the handle lives.
-                        rec[7] = _read_telemetry(agent, handle)
-                    self._close(rec, "RELEASED")
+                    self._release_open(agent, handle, rec)
             except Exception:
                 logger.debug("railtrace: release_xfer_handle", exc_info=True)
             return original(agent, handle)
 
         return release_xfer_handle
 
+    def _hot_patch(self, name: str, original: Any, fallback: Any) -> Any:
+        """The C patch for `name` (`_hotpath.c`): the common call in C, every other call to
+        `fallback`, the Python patch just made; the cold paths call back into this object."""
+        return _hotpath.HotPatch(
+            kind=name,
+            original=original,
+            fallback=fallback,
+            handles=self._handles,
+            queue_append=self._queue.append if self._async else None,
+            scope_var=_SCOPE,
+            context_var=_OTEL_CONTEXT_VAR,
+            parent_now=otel_context.get_current,
+            on_end=None if self._async else self._ended_inline,
+            on_raise=self._raised,
+            on_release=self._release_open,
+        )
+
     # -- completion (cold paths: re-posts, errors, release, inline mode) ------------------
     def _new_record(self, agent: Any, handle: Any, previous: _Record | None) -> _Record:
         """A record for a handle posted again (the previous transfer is over) or never seen prepared."""
+        if type(previous) is not list or len(previous) != _RECORD_LEN:
+            previous = None  # not one of the shim's records: nothing to close or to carry on
         if previous is not None:
             self._close(previous, None)
         raw = previous[3] if previous is not None else None
@@ -570,6 +607,16 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         except AttributeError:
             self._handles[id(handle)] = rec
         return rec
+
+    def _release_open(self, agent: Any, handle: Any, rec: _Record) -> None:
+        """A handle released while its transfer is open, or ended with NIXL's telemetry unread."""
+        try:
+            if rec[5] == "DONE" and rec[7] is None and rec[6] is not None:
+                # The caller did not read NIXL's telemetry: read it while the handle lives.
+                rec[7] = _read_telemetry(agent, handle)
+            self._close(rec, "RELEASED")
+        except Exception:
+            logger.debug("railtrace: release_xfer_handle", exc_info=True)
 
     def _record_of(self, handle: Any) -> _Record | None:
         try:
@@ -784,6 +831,17 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                 return True
             time.sleep(0.01)
         return self.flush_deferred(final=True) == 0
+
+
+def _want_hot_path(asked: Any) -> bool:
+    """Whether the hot patches are the C ones: `hot_path` ("auto" by default, "c", "python"), and
+    `RAILTRACE_KV_HOT_PATH=python`. "c" without the built extension is an error, not a fallback."""
+    mode = str(asked or os.environ.get(sc.ENV_KV_HOT_PATH) or "auto").strip().lower()
+    if mode not in ("auto", "c", "python"):
+        raise ValueError(f"hot_path must be auto, c or python, not {mode!r}")
+    if mode == "c" and _hotpath is None:
+        raise RuntimeError(f"railtrace: hot_path='c' but the C hot path is not built ({_HOTPATH_ERROR})")
+    return mode != "python" and _hotpath is not None
 
 
 def _no_telemetry(agent: Any) -> bool:
