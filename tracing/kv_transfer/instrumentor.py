@@ -255,20 +255,20 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             cls = getattr(module, "nixl_agent", None)
             if cls is None or cls in self._patched or not self._active:
                 return
+            base = getattr(module, "nixl_xfer_handle", None)
+            traced = _traced_handle_class(base)
             for name in _METHODS:
                 original = getattr(cls, name, None)
                 if original is None:
                     continue
                 patch = getattr(self, "_make_" + name.strip("_"))(original)
                 if name in _HOT_METHODS and self._hot_path:
-                    patch = self._hot_patch(name, original, patch)
+                    patch = self._hot_patch(name, original, patch, traced)
                 setattr(patch, _PATCH_MARK, (name in cls.__dict__, original))
                 patch.__name__ = getattr(original, "__name__", name)
                 patch.__doc__ = getattr(original, "__doc__", None)
                 setattr(cls, name, patch)
             self._patched.append(cls)
-            base = getattr(module, "nixl_xfer_handle", None)
-            traced = _traced_handle_class(base)
             if traced is not None:
                 module.nixl_xfer_handle = traced
                 self._handle_classes.append((module, base, traced))
@@ -576,9 +576,10 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
 
         return release_xfer_handle
 
-    def _hot_patch(self, name: str, original: Any, fallback: Any) -> Any:
+    def _hot_patch(self, name: str, original: Any, fallback: Any, handle_type: type | None) -> Any:
         """The C patch for `name` (`_hotpath.c`): the common call in C, every other call to
-        `fallback`, the Python patch just made; the cold paths call back into this object."""
+        `fallback`, the Python patch just made; the cold paths call back into this object. Handles
+        of `handle_type` (the shim's subclass of NIXL's) have their record read at its slot."""
         return _hotpath.HotPatch(
             kind=name,
             original=original,
@@ -591,6 +592,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             on_end=None if self._async else self._ended_inline,
             on_raise=self._raised,
             on_release=self._release_open,
+            handle_type=handle_type,
         )
 
     # -- completion (cold paths: re-posts, errors, release, inline mode) ------------------
