@@ -7,6 +7,9 @@ time, the request's scope and the trace context (by reference), `transfer` or
 telemetry the caller reads (vLLM does, after DONE), `release_xfer_handle` reads it if nobody did
 and ends a transfer still open. Transport and devices come from UCX's own log (`ucx_capture`).
 
+The five per-transfer patches have a C twin (`_hotpath.c`, used where it is built) that takes
+the common call and hands every other one to the Python patch here.
+
 The transfer's own thread (vLLM's engine thread) only fills in the record by reference: with
 `cma` the copy runs on that thread and evicts its caches, and each object the shim touches
 afterwards is fetched again, so the patches touch as few as they can (plain functions, a list
@@ -173,8 +176,10 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
     """OpenTelemetry instrumentor for NIXL transfers (entry point `railtrace_nixl`).
 
     `instrument(tracer_provider=None, capture_ucx_log=True, ucx_log_path=None, evidence_grace_s=1.0,
-    background_emit=True, vllm_hook=True)`. Call it before the first `nixl_agent` is created so that
-    UCX logs where the shim reads. The transfer's own thread only notes post and completion times;
+    background_emit=True, vllm_hook=True, hot_path="auto")`. Call it before the first `nixl_agent`
+    is created so that UCX logs where the shim reads. `hot_path`: "auto" patches the per-transfer
+    calls with the C type of `_hotpath.c` where it is built, "python" with the Python patches
+    below, "c" insists on C. The transfer's own thread only notes post and completion times;
     a background thread looks up the evidence and emits the span with those times (waiting up to
     `evidence_grace_s` for UCX to write the table, and for the release of a handle whose agent
     captures telemetry). `force_flush()` waits for the spans of ended transfers.
