@@ -131,6 +131,24 @@ def test_a_slot_holding_something_else_is_left_alone(fake_nixl: Any, hot_path: s
     spans = _kv_spans(inst, mem)
     assert len(spans) == 4 and all(s.status.status_code.name == "UNSET" for s in spans)
 
+    # The record emptied while NIXL's own call runs: no store lands past the list.
+    h = agent.initialize_xfer("READ", [(0, 10, 0)], [(0, 10, 0)], "peer")
+    agent.script = ["DONE"]
+    real_next = agent._next
+
+    def empties_the_record() -> str:
+        h._railtrace_record.clear()
+        return real_next()
+
+    agent._next = empties_the_record  # type: ignore[method-assign]
+    assert agent.transfer(h) == "DONE" and h._railtrace_record == []
+    agent._next = real_next  # type: ignore[method-assign]
+    assert agent.check_xfer_state(h) == "DONE" and agent.release_xfer_handle(h) is None
+    agent.script = ["DONE"]  # and the emitter goes on: the next transfer has its span
+    h = agent.initialize_xfer("READ", [(0, 10, 0)], [(0, 10, 0)], "peer")
+    assert agent.transfer(h) == "DONE" and agent.release_xfer_handle(h) is None
+    assert len(_kv_spans(inst, mem)) == 5
+
 
 class _SharedTelemetryAgent(FakeAgent):
     shared = Telemetry()

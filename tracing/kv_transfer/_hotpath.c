@@ -65,6 +65,10 @@ rec_store(PyObject *rec, Py_ssize_t i, PyObject *v)
         PyErr_Clear();
         return;
     }
+    if (i >= PyList_GET_SIZE(rec)) { /* never for the shim's records; memory safety first */
+        Py_DECREF(v);
+        return;
+    }
     PyObject *old = PyList_GET_ITEM(rec, i);
     PyList_SET_ITEM(rec, i, v);
     Py_XDECREF(old);
@@ -137,9 +141,20 @@ call_hook(PyObject *hook, PyObject *const *args, Py_ssize_t n)
     Py_XDECREF(r);
 }
 
+/* Still a record after NIXL's call ran arbitrary code (memory safety, not trust: the shim
+ * never resizes a record, but nothing else may make these stores write past a list). */
+static inline int
+still_record(PyObject *rec)
+{
+    return PyList_GET_SIZE(rec) == REC_LEN;
+}
+
 static void
 mark_end(Hot *self, PyObject *rec, PyObject *state)
 {
+    if (!still_record(rec)) {
+        return;
+    }
     Py_INCREF(state);
     rec_store(rec, 5, state); /* state, then end: the emitter takes a record once its end is set */
     rec_store(rec, 6, now_ns());
@@ -302,7 +317,8 @@ hot_poll(Hot *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
         Py_DECREF(rec);
         return NULL;
     }
-    if (rec != Py_None && PyList_GET_ITEM(rec, 6) == Py_None && PyList_GET_ITEM(rec, 0) != Py_None) {
+    if (rec != Py_None && still_record(rec) && PyList_GET_ITEM(rec, 6) == Py_None &&
+        PyList_GET_ITEM(rec, 0) != Py_None) {
         int proc = PyObject_RichCompareBool(state, s_proc, Py_EQ);
         if (proc == 0) {
             mark_end(self, rec, state);
@@ -327,7 +343,7 @@ hot_telemetry(Hot *self, PyObject *const *args, size_t nargsf, PyObject *kwnames
     }
     PyObject *tel = PyObject_Vectorcall(self->original, args, nargsf, NULL);
     /* vLLM (0.12 on) reads it right after DONE: the shim keeps that object, no second read */
-    if (tel != NULL && rec != Py_None && PyList_GET_ITEM(rec, 6) != Py_None &&
+    if (tel != NULL && rec != Py_None && still_record(rec) && PyList_GET_ITEM(rec, 6) != Py_None &&
         PyList_GET_ITEM(rec, 7) == Py_None) {
         Py_INCREF(tel);
         rec_store(rec, 7, tel);

@@ -508,10 +508,13 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                 self._raised(rec, exc)
                 raise
             if state != "PROC" and rec is not None:  # DONE or ERR inside the post (cma, small ones)
-                rec[5] = state  # state, then end: the emitter takes a record once its end is set
-                rec[6] = _time_ns()
-                if inline:
-                    self._ended_inline(rec)
+                try:  # free unless it raises (a record emptied under NIXL's call)
+                    rec[5] = state  # state, then end: the emitter takes a record once its end is set
+                    rec[6] = _time_ns()
+                    if inline:
+                        self._ended_inline(rec)
+                except Exception:
+                    logger.debug("railtrace: transfer", exc_info=True)
             return state
 
         return transfer
@@ -790,6 +793,8 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             now = _time_ns()
             held = 0
             for rec in records:
+                if len(rec) != _RECORD_LEN:  # emptied by someone else: nothing to emit
+                    continue
                 end = rec[6]
                 if end is None:  # still in flight
                     self._open.append(rec)
