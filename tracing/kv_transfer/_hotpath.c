@@ -17,6 +17,10 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#ifdef Py_GIL_DISABLED
+/* The record stores rely on the GIL; a free-threaded build uses the Python patches. */
+#error "the KV shim's C hot path needs the GIL"
+#endif
 #include <stddef.h>
 #include <structmember.h>
 #include <time.h>
