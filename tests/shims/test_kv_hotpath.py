@@ -194,3 +194,28 @@ def test_the_c_patches_keep_no_reference_after_release(fake_nixl: Any) -> None:
     assert after == before
     assert not [o for o in gc.get_objects() if type(o) is handle_cls]
     assert inst._handles == {} and inst._open == []
+
+
+@pytest.mark.parametrize("hot_path", ["c", "python"])
+def test_nixls_exception_reaches_the_caller_with_its_traceback(fake_nixl: Any, hot_path: str) -> None:
+    """What NIXL raised is what the caller catches: the same class, message and traceback down
+    to NIXL's own frame (the C patch hands it to the span and sets it again, untouched)."""
+    import traceback
+
+    inst, cls, mem = _instrument(fake_nixl, hot_path=hot_path)
+    agent = cls("dec-0")
+    for call in ("transfer", "check_xfer_state"):
+        h = agent.initialize_xfer("READ", [(0, 10, 0)], [(0, 10, 0)], "peer")
+        agent.script = (
+            ["raise:nixlBackendError"] if call == "transfer" else ["PROC", "raise:nixlBackendError"]
+        )
+        if call == "check_xfer_state":
+            assert agent.transfer(h) == "PROC"
+        with pytest.raises(RuntimeError, match="backend failure") as caught:
+            getattr(agent, call)(h)
+        assert type(caught.value).__name__ == "nixlBackendError"
+        frames = [f.name for f in traceback.extract_tb(caught.value.__traceback__)]
+        assert frames[-1] == "_next" and call in frames
+        agent.release_xfer_handle(h)
+    spans = _kv_spans(inst, mem)
+    assert [s.attributes[sc.ERROR_TYPE] for s in spans] == ["nixlBackendError"] * 2

@@ -5,7 +5,8 @@
  * Why: with UCX's `cma` the copy runs inside `transfer()` on vLLM's engine thread and evicts its
  * caches; a Python patch then pays for its frame, bytecode, closure cells and inline caches being
  * fetched again (about 1-2 us per patch on a KVM guest after a 256 MiB copy, measured in
- * benchmarks/shims). This object touches only the record and the handle.
+ * benchmarks/shims). This object touches the record, the handle, two context variables and
+ * the clock.
  *
  * Contract with instrumentor.py (the record layout is `_Record` there):
  *   rec = [0 post ns, 1 scope, 2 otel context, 3 raw, 4 agent, 5 state, 6 end ns, 7 telemetry,
@@ -153,6 +154,32 @@ still_record(PyObject *rec)
     return PyList_GET_SIZE(rec) == REC_LEN;
 }
 
+/* NIXL's call raised: hand the exception to `on_raise(rec, exc)` and leave it set, unchanged. */
+static void
+report_raise(Hot *self, PyObject *rec)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *exc = PyErr_GetRaisedException();
+    if (exc != NULL) {
+        PyObject *hook_args[2] = {rec, exc};
+        call_hook(self->on_raise, hook_args, 2);
+    }
+    PyErr_SetRaisedException(exc);
+#else
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyErr_NormalizeException(&et, &ev, &tb);
+    if (ev != NULL) {
+        if (tb != NULL) {
+            PyException_SetTraceback(ev, tb);
+        }
+        PyObject *hook_args[2] = {rec, ev};
+        call_hook(self->on_raise, hook_args, 2);
+    }
+    PyErr_Restore(et, ev, tb);
+#endif
+}
+
 static void
 mark_end(Hot *self, PyObject *rec, PyObject *state)
 {
@@ -273,14 +300,7 @@ hot_post(Hot *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
     }
     PyObject *state = PyObject_Vectorcall(self->original, args, nargsf, NULL);
     if (state == NULL) {
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        PyErr_NormalizeException(&et, &ev, &tb);
-        if (ev != NULL) {
-            PyObject *hook_args[2] = {rec, ev};
-            call_hook(self->on_raise, hook_args, 2);
-        }
-        PyErr_Restore(et, ev, tb);
+        report_raise(self, rec);
         Py_DECREF(rec);
         return NULL;
     }
@@ -309,14 +329,7 @@ hot_poll(Hot *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
     PyObject *state = PyObject_Vectorcall(self->original, args, nargsf, NULL);
     if (state == NULL) {
         if (rec != Py_None) {
-            PyObject *et, *ev, *tb;
-            PyErr_Fetch(&et, &ev, &tb);
-            PyErr_NormalizeException(&et, &ev, &tb);
-            if (ev != NULL) {
-                PyObject *hook_args[2] = {rec, ev};
-                call_hook(self->on_raise, hook_args, 2);
-            }
-            PyErr_Restore(et, ev, tb);
+            report_raise(self, rec);
         }
         Py_DECREF(rec);
         return NULL;
