@@ -63,6 +63,7 @@ def test_the_hot_patches_are_c_where_built_and_python_when_asked(
 ) -> None:
     assert mod._hotpath is not None, f"the test environment builds the C hot path: {mod._HOTPATH_ERROR}"
     inst, cls, _mem = _instrument(fake_nixl)
+    assert mod._HOT_METHODS == HOT  # what _hotpath.c says it patches
     kinds = {name: type(cls.__dict__[name]).__name__ for name in mod._METHODS}
     assert {n: k for n, k in kinds.items() if n in HOT} == dict.fromkeys(HOT, "HotPatch")
     assert {k for n, k in kinds.items() if n not in HOT} == {"function"}

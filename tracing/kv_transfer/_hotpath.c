@@ -596,6 +596,27 @@ PyInit__hotpath(void)
     if (m == NULL) {
         return NULL;
     }
+    /* The NIXL methods it has a patch for, in the order of KIND_NAMES (instrumentor.py reads it). */
+    Py_ssize_t n = (Py_ssize_t)(sizeof(KIND_NAMES) / sizeof(KIND_NAMES[0]));
+    PyObject *methods = PyTuple_New(n);
+    if (methods == NULL) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *name = PyUnicode_InternFromString(KIND_NAMES[i]);
+        if (name == NULL) {
+            Py_DECREF(methods);
+            Py_DECREF(m);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(methods, i, name);
+    }
+    if (PyModule_AddObject(m, "METHODS", methods) < 0) {
+        Py_DECREF(methods);
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&HotType);
     if (PyModule_AddObject(m, "HotPatch", (PyObject *)&HotType) < 0) {
         Py_DECREF(&HotType);

@@ -55,14 +55,6 @@ _METHODS = (
     "get_xfer_telemetry",
     "release_xfer_handle",
 )
-# The patches `_hotpath.c` has in C (the calls of every transfer); the others stay Python.
-_HOT_METHODS = (
-    "make_prepped_xfer",
-    "transfer",
-    "check_xfer_state",
-    "get_xfer_telemetry",
-    "release_xfer_handle",
-)
 _PATCH_MARK = "__railtrace_original__"
 _time_ns = time.time_ns
 _ERRORS = {"ERR": "nixl_xfer_err", "RELEASED": "released_before_done"}
@@ -71,9 +63,12 @@ try:  # optional: built from _hotpath.c where the install had a compiler (see tr
     from railtrace_tracing.kv_transfer import _hotpath
 
     _HOTPATH_ERROR = ""
+    # The patches it has in C (the calls of every transfer); the others stay Python.
+    _HOT_METHODS: tuple[str, ...] = _hotpath.METHODS
 except ImportError as exc:  # pragma: no cover - depends on the install
     _hotpath = None
     _HOTPATH_ERROR = str(exc)
+    _HOT_METHODS = ()
 try:  # vectorised byte sums for prepped transfers (vLLM passes numpy index arrays)
     import numpy as _np
 except Exception:  # pragma: no cover - numpy is everywhere NIXL is
