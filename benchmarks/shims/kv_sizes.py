@@ -14,7 +14,8 @@ vLLM's order (0.34.0 `nixl/pull_worker.py`, `base_worker.py` `_pop_done_transfer
 
 Modes alternate block by block on the same agents and endpoints: `off` (the shim's class patches
 removed), `bare` (the peer: the same five methods patched by functions that only call through, the
-floor of any Python-level patch) and `on` (patched, background emitter, UCX evidence). With `cma`
+floor of any Python-level patch) and `on` (patched, background emitter, UCX evidence; the C hot
+path where it is built, the Python patches with `--hot-path python`; the output's `hot_path`). With `cma`
 the copy runs inside `transfer()` on the calling thread, so the thread's CPU per transfer is the
 copy (ms) and its noise hides a µs-scale shim. The benchmark therefore puts a timer *under* the
 shim: each NIXL method is wrapped by a timing function before the shim patches it, so on the
