@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import statistics
 import sys
+import threading
 import time
 from typing import Any
 
@@ -94,6 +96,30 @@ def drain(inst: Any, timeout_s: float = 10.0) -> None:
     inst._wake.set()  # rather than waiting for its timer
     while (inst._queue or inst._waiting) and time.monotonic() < deadline:
         time.sleep(0.005)
+
+
+class GcPauses:
+    """CPU time of the garbage collector's runs on one thread (the posting thread), by generation:
+    a collection that starts inside a timed call lands in that call's `added` (the p99 outliers)."""
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+        self.runs: dict[int, list[int]] = {}
+        self._start = 0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if threading.get_ident() != self.thread:
+            return
+        if phase == "start":
+            self._start = time.thread_time_ns()
+        else:
+            self.runs.setdefault(int(info["generation"]), []).append(time.thread_time_ns() - self._start)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            f"gen{g}": {"runs": len(v), "median_us": statistics.median(v) / 1e3, "max_us": max(v) / 1e3}
+            for g, v in sorted(self.runs.items())
+        }
 
 
 def pct(values: list[int], q: float) -> float:
@@ -172,6 +198,8 @@ def run(
     target.stdin.flush()
     raddr = int(hello["addr"])
     results: list[dict[str, Any]] = []
+    gc_pauses = GcPauses()
+    gc.callbacks.append(gc_pauses)
     try:
         for size, nblocks in CONFIGS:
             if sizes and size / MIB not in sizes:
@@ -295,6 +323,7 @@ def run(
             results.append(r)
             print(json.dumps(r), file=sys.stderr)
     finally:
+        gc.callbacks.remove(gc_pauses)
         set_mode("on")
         inst.force_flush()
         inst.uninstrument()
@@ -310,6 +339,8 @@ def run(
         "spans_by_transport": exporter.by_transport,
         "span_bytes_seen": sorted(exporter.bytes_seen),
         "spans_with_nixl_telemetry": exporter.with_telemetry,
+        # every mode and configuration together
+        "gc_on_posting_thread": gc_pauses.summary(),
     }
 
 
