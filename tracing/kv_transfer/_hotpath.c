@@ -26,14 +26,12 @@
 #include <structmember.h>
 #include <time.h>
 
-enum { K_PREP = 0, K_POST, K_POLL, K_TELEMETRY, K_RELEASE };
 #define REC_LEN 9
 
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *dict;
-    int kind;
     PyObject *original;     /* NIXL's method */
     PyObject *fallback;     /* the Python patch: every call not taken here */
     PyObject *handles;      /* dict id(handle) -> record, for handles without the slot (prep) */
@@ -130,6 +128,20 @@ static PyObject *
 call_fallback(Hot *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+}
+
+/* The common call of a per-handle method, `(agent, handle[, notif_msg])` with at most
+ * `max_nargs` positional arguments and no keywords, on a handle with the slot (NIXL 1.5.1's
+ * signatures, docs/shims.md): the handle's record (a new reference, or Py_None). NULL when the
+ * call is to go, whole, to the Python patch. */
+static PyObject *
+fast_record(Hot *self, PyObject *const *args, size_t nargsf, PyObject *kwnames, Py_ssize_t max_nargs)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || nargs < 2 || nargs > max_nargs) {
+        return NULL;
+    }
+    return record_of(self, args[1]);
 }
 
 /* A cold-path hook (raise, inline end, release): its errors are the shim's, never the host's. */
@@ -266,11 +278,7 @@ done:
 static PyObject *
 hot_post(Hot *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (kwnames != NULL || nargs < 2 || nargs > 3) {
-        return call_fallback(self, args, nargsf, kwnames);
-    }
-    PyObject *rec = record_of(self, args[1]);
+    PyObject *rec = fast_record(self, args, nargsf, kwnames, 3);
     if (rec == NULL || rec == Py_None || PyList_GET_ITEM(rec, 0) != Py_None) {
         /* no slot, no record, or posted again: the Python patch makes the new record */
         Py_XDECREF(rec);
@@ -318,11 +326,7 @@ hot_post(Hot *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 static PyObject *
 hot_poll(Hot *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (kwnames != NULL || nargs != 2) {
-        return call_fallback(self, args, nargsf, kwnames);
-    }
-    PyObject *rec = record_of(self, args[1]);
+    PyObject *rec = fast_record(self, args, nargsf, kwnames, 2);
     if (rec == NULL) {
         return call_fallback(self, args, nargsf, kwnames);
     }
@@ -350,11 +354,7 @@ hot_poll(Hot *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 static PyObject *
 hot_telemetry(Hot *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (kwnames != NULL || nargs != 2) {
-        return call_fallback(self, args, nargsf, kwnames);
-    }
-    PyObject *rec = record_of(self, args[1]);
+    PyObject *rec = fast_record(self, args, nargsf, kwnames, 2);
     if (rec == NULL) {
         return call_fallback(self, args, nargsf, kwnames);
     }
@@ -374,11 +374,7 @@ hot_telemetry(Hot *self, PyObject *const *args, size_t nargsf, PyObject *kwnames
 static PyObject *
 hot_release(Hot *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (kwnames != NULL || nargs != 2) {
-        return call_fallback(self, args, nargsf, kwnames);
-    }
-    PyObject *rec = record_of(self, args[1]);
+    PyObject *rec = fast_record(self, args, nargsf, kwnames, 2);
     if (rec == NULL) {
         return call_fallback(self, args, nargsf, kwnames);
     }
@@ -519,7 +515,6 @@ hot_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (self == NULL) {
         return NULL;
     }
-    self->kind = kind;
     self->vectorcall = KINDS[kind];
     PyObject **fields[10] = {&self->original, &self->fallback, &self->handles, &self->queue_append,
                              &self->scope_var, &self->context_var, &self->parent_now, &self->on_end,
