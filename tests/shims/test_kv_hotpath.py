@@ -14,14 +14,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from railtrace_tracing import semconv as sc
 from railtrace_tracing.kv_transfer import instrumentor as mod
 from railtrace_tracing.kv_transfer import kv_transfer_scope
-from tests.shims.test_kv_patches import MODULE, FakeAgent, SlottedHandle, Telemetry
+from tests.shims.test_kv_patches import MODULE, FakeAgent, Telemetry, finished_kv_spans, install_fake_nixl
 
 HOT = ("make_prepped_xfer", "transfer", "check_xfer_state", "get_xfer_telemetry", "release_xfer_handle")
 
@@ -30,19 +28,7 @@ HOT = ("make_prepped_xfer", "transfer", "check_xfer_state", "get_xfer_telemetry"
 def fake_nixl(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, Any, InMemorySpanExporter, Any]]:
     """A NIXL-shaped module with slotted handles, and the instrumentor (not yet instrumented)."""
     monkeypatch.delenv(sc.ENV_KV_HOT_PATH, raising=False)
-    api = types.ModuleType(MODULE)
-    cls = type("nixl_agent", (FakeAgent,), {})
-    api.nixl_agent = cls  # type: ignore[attr-defined]
-    api.nixl_xfer_handle = type("nixl_xfer_handle", (SlottedHandle,), {"__slots__": ()})  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "railtrace_fake_nixl", types.ModuleType("railtrace_fake_nixl"))
-    monkeypatch.setitem(sys.modules, MODULE, api)
-    monkeypatch.setattr(mod, "NIXL_MODULES", (MODULE,))
-    mem = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(mem))
-    inst = mod.NixlKVTransferInstrumentor()
-    inst.uninstrument()
-    monkeypatch.setattr(inst, "capture", mod.UcxLogCapture())
+    inst, cls, mem, tp = install_fake_nixl(monkeypatch, slotted=True)
     yield inst, cls, mem, tp
     inst.uninstrument()
 
@@ -51,11 +37,6 @@ def _instrument(fake_nixl: Any, **kwargs: Any) -> tuple[Any, Any, InMemorySpanEx
     inst, cls, mem, tp = fake_nixl
     inst.instrument(tracer_provider=tp, capture_ucx_log=False, vllm_hook=False, **kwargs)
     return inst, cls, mem
-
-
-def _kv_spans(inst: Any, mem: InMemorySpanExporter) -> list[Any]:
-    assert inst.force_flush()
-    return [s for s in mem.get_finished_spans() if s.name == sc.SPAN_KV_TRANSFER]
 
 
 def test_the_hot_patches_are_c_where_built_and_python_when_asked(
@@ -110,7 +91,7 @@ def test_calls_the_c_path_does_not_take_go_to_the_python_patches(fake_nixl: Any)
     early_agent.script = ["DONE"]
     assert early_agent.transfer(early) == "DONE" and id(early) in inst._handles
     early_agent.release_xfer_handle(early)
-    spans = _kv_spans(inst, mem)
+    spans = finished_kv_spans(inst, mem)
     assert len(spans) == 3 and all(s.status.status_code.name != "ERROR" for s in spans)
     assert all(s.end_time >= s.start_time > 0 for s in spans)
     assert inst._handles == {} and h._railtrace_record is None
@@ -129,7 +110,7 @@ def test_a_slot_holding_something_else_is_left_alone(fake_nixl: Any, hot_path: s
         assert agent.transfer(h) == "PROC" and agent.check_xfer_state(h) == "DONE"
         assert isinstance(agent.get_xfer_telemetry(h), Telemetry)
         assert agent.release_xfer_handle(h) is None
-    spans = _kv_spans(inst, mem)
+    spans = finished_kv_spans(inst, mem)
     assert len(spans) == 4 and all(s.status.status_code.name == "UNSET" for s in spans)
 
     # The record emptied while NIXL's own call runs: no store lands past the list.
@@ -148,7 +129,7 @@ def test_a_slot_holding_something_else_is_left_alone(fake_nixl: Any, hot_path: s
     agent.script = ["DONE"]  # and the emitter goes on: the next transfer has its span
     h = agent.initialize_xfer("READ", [(0, 10, 0)], [(0, 10, 0)], "peer")
     assert agent.transfer(h) == "DONE" and agent.release_xfer_handle(h) is None
-    assert len(_kv_spans(inst, mem)) == 5
+    assert len(finished_kv_spans(inst, mem)) == 5
 
 
 class _SharedTelemetryAgent(FakeAgent):
@@ -218,5 +199,5 @@ def test_nixls_exception_reaches_the_caller_with_its_traceback(fake_nixl: Any, h
         frames = [f.name for f in traceback.extract_tb(caught.value.__traceback__)]
         assert frames[-1] == "_next" and call in frames
         agent.release_xfer_handle(h)
-    spans = _kv_spans(inst, mem)
+    spans = finished_kv_spans(inst, mem)
     assert [s.attributes[sc.ERROR_TYPE] for s in spans] == ["nixlBackendError"] * 2

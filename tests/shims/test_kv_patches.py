@@ -99,6 +99,29 @@ class SlottedHandle:
         self._released = False
 
 
+def install_fake_nixl(
+    monkeypatch: pytest.MonkeyPatch, slotted: bool
+) -> tuple[Any, Any, InMemorySpanExporter, TracerProvider]:
+    """A NIXL-shaped module in `sys.modules` (handles of a slotted class, or opaque objects), the
+    instrumentor watching only it and reset, with no UCX log (transport unknown); not instrumented.
+    Returns (instrumentor, agent class, span exporter, tracer provider)."""
+    api = types.ModuleType(MODULE)
+    cls = type("nixl_agent", (FakeAgent,), {})
+    api.nixl_agent = cls  # type: ignore[attr-defined]
+    if slotted:
+        api.nixl_xfer_handle = type("nixl_xfer_handle", (SlottedHandle,), {"__slots__": ()})  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "railtrace_fake_nixl", types.ModuleType("railtrace_fake_nixl"))
+    monkeypatch.setitem(sys.modules, MODULE, api)
+    monkeypatch.setattr(mod, "NIXL_MODULES", (MODULE,))
+    mem = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(mem))
+    inst = mod.NixlKVTransferInstrumentor()
+    inst.uninstrument()
+    monkeypatch.setattr(inst, "capture", mod.UcxLogCapture())
+    return inst, cls, mem, tp
+
+
 @pytest.fixture(
     params=[
         ("slotted-handles", "c"),
@@ -113,21 +136,7 @@ def traced(
 ) -> Iterator[tuple[Any, InMemorySpanExporter, Any]]:
     handles, hot_path = request.param
     monkeypatch.setenv(sc.ENV_KV_HOT_PATH, hot_path)  # "c" fails loudly if it is not built
-    pkg = types.ModuleType("railtrace_fake_nixl")
-    api = types.ModuleType(MODULE)
-    cls = type("nixl_agent", (FakeAgent,), {})
-    api.nixl_agent = cls  # type: ignore[attr-defined]
-    if handles == "slotted-handles":
-        api.nixl_xfer_handle = type("nixl_xfer_handle", (SlottedHandle,), {"__slots__": ()})  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "railtrace_fake_nixl", pkg)
-    monkeypatch.setitem(sys.modules, MODULE, api)
-    monkeypatch.setattr(mod, "NIXL_MODULES", (MODULE,))
-    mem = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(mem))
-    inst = mod.NixlKVTransferInstrumentor()
-    inst.uninstrument()
-    monkeypatch.setattr(inst, "capture", mod.UcxLogCapture())  # no UCX log: transport unknown
+    inst, cls, mem, tp = install_fake_nixl(monkeypatch, slotted=handles == "slotted-handles")
     yield inst, mem, (cls, tp)
     inst.uninstrument()
 
@@ -138,7 +147,7 @@ def _start(traced: Any, **kwargs: Any) -> tuple[Any, Any]:
     return inst, cls
 
 
-def _spans(inst: Any, mem: InMemorySpanExporter) -> list[Any]:
+def finished_kv_spans(inst: Any, mem: InMemorySpanExporter) -> list[Any]:
     assert inst.force_flush()
     return [s for s in mem.get_finished_spans() if s.name == sc.SPAN_KV_TRANSFER]
 
@@ -155,7 +164,7 @@ def test_done_in_post_and_after_polling(traced: Any) -> None:
         while agent.check_xfer_state(h) != "DONE":
             pass
         agent.release_xfer_handle(h)
-    spans = _spans(inst, traced[1])
+    spans = finished_kv_spans(inst, traced[1])
     assert len(spans) == 2
     for span in spans:
         a = span.attributes
@@ -178,7 +187,7 @@ def test_error_release_before_done_and_unknown_handle(traced: Any) -> None:
     agent.release_xfer_handle(h2)
     agent.script = ["DONE"]
     agent.transfer(object())  # a handle the shim never saw prepared
-    by_error = {s.attributes.get(sc.ERROR_TYPE): s for s in _spans(inst, traced[1])}
+    by_error = {s.attributes.get(sc.ERROR_TYPE): s for s in finished_kv_spans(inst, traced[1])}
     assert set(by_error) == {"nixl_xfer_err", "released_before_done", None}
     assert by_error["nixl_xfer_err"].status.status_code == StatusCode.ERROR
     assert by_error["nixl_xfer_err"].attributes[sc.KV_REMOTE_ENGINE_ID] == "peer"
@@ -214,7 +223,7 @@ def test_uninstrument_restores_the_class(traced: Any) -> None:
     assert {name: cls.__dict__.get(name) for name in mod._METHODS} == before
     agent = cls("x")
     agent.transfer(agent.initialize_xfer("READ", [], [], "p"))
-    assert _spans(inst, traced[1]) == []
+    assert finished_kv_spans(inst, traced[1]) == []
 
 
 def test_a_forked_child_starts_its_own_emitter(traced: Any) -> None:
@@ -250,7 +259,7 @@ def test_exceptions_from_post_and_poll_end_the_span_with_error(traced: Any) -> N
         assert agent.transfer(h2) == "PROC"
         with pytest.raises(RuntimeError):
             agent.check_xfer_state(h2)
-    spans = {s.attributes[sc.KV_OPERATION]: s for s in _spans(inst, traced[1])}
+    spans = {s.attributes[sc.KV_OPERATION]: s for s in finished_kv_spans(inst, traced[1])}
     assert spans["read"].attributes[sc.ERROR_TYPE] == "nixlBackendError"
     assert spans["write"].attributes[sc.ERROR_TYPE] == "nixlRemoteDisconnectError"
     for span in spans.values():
@@ -271,7 +280,7 @@ def test_prepped_bytes_are_not_summed_on_the_posting_thread(traced: Any, monkeyp
     h = agent.make_prepped_xfer("READ", side, idx, remote, idx)
     assert calls == []  # nothing summed while posting
     agent.transfer(h)
-    [span] = _spans(inst, traced[1])
+    [span] = finished_kv_spans(inst, traced[1])
     assert span.attributes[sc.KV_BYTES] == 64 << 17 and span.attributes[sc.KV_DESCRIPTORS] == 1 << 17
     assert span.attributes[sc.KV_REMOTE_AGENT] == "prefill-agent"
     assert mod._prepped_bytes.__name__ == "<lambda>"
@@ -295,13 +304,13 @@ def test_telemetry_read_once_on_the_posting_thread_before_release(
             agent.get_xfer_telemetry(h)
         agent.release_xfer_handle(h)
     assert reads == [threading.get_ident()] * 3  # one read per transfer, none on the emitter
-    spans = _spans(inst, traced[1])
+    spans = finished_kv_spans(inst, traced[1])
     assert len(spans) == 3
     for span in spans:
         assert span.attributes[sc.KV_BYTES] == 4096 and span.attributes[sc.KV_XFER_DURATION_S] == 250e-6
     agent.script = ["DONE"]  # ended, then neither read nor released: emitted after the grace
     agent.transfer(agent.initialize_xfer("READ", [(0, 10, 0)], [(0, 10, 0)], "peer"))
-    [late] = _spans(inst, traced[1])[3:]
+    [late] = finished_kv_spans(inst, traced[1])[3:]
     assert late.attributes[sc.KV_BYTES] == 10 and sc.KV_XFER_DURATION_S not in late.attributes
     assert len(reads) == 3
 
@@ -326,7 +335,7 @@ def test_nothing_after_the_post_but_two_stores(traced: Any) -> None:
     assert before[5] is None and before[6] is None and before[0] > 0
     assert after[5] == "DONE" and after[6] >= after[0] and after[:5] == before[:5]
     agent.release_xfer_handle(h)
-    [span] = _spans(inst, traced[1])
+    [span] = finished_kv_spans(inst, traced[1])
     assert span.start_time == after[0] and span.end_time == after[6]
 
 
@@ -359,7 +368,7 @@ def test_a_failure_seen_by_the_poll_survives_the_release(traced: Any) -> None:
             agent.check_xfer_state(h)
         agent.script = ["DONE"]  # whatever NIXL would say now, the failure was already noted
         agent.release_xfer_handle(h)
-    errors = sorted(s.attributes[sc.ERROR_TYPE] for s in _spans(inst, traced[1]))
+    errors = sorted(s.attributes[sc.ERROR_TYPE] for s in finished_kv_spans(inst, traced[1]))
     assert errors == ["nixlRemoteDisconnectError", "nixl_xfer_err"]
 
 
@@ -389,6 +398,6 @@ def test_where_records_live_and_nixls_handle_class_comes_back(traced: Any) -> No
     assert early_agent.transfer(early) == "DONE" and id(early) in inst._handles
     early_agent.release_xfer_handle(early)
     assert inst._handles == {}
-    assert len(_spans(inst, traced[1])) == 2
+    assert len(finished_kv_spans(inst, traced[1])) == 2
     inst.uninstrument()
     assert getattr(api, "nixl_xfer_handle", None) is base
