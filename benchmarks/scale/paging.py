@@ -37,10 +37,16 @@ def store_at(rev: str) -> type:
 
     Only revisions whose store is that one file: since the split by job the facade imports its
     job modules from the working tree, so loading store.py alone would measure today's code."""
-    split = subprocess.run(
-        ["git", "cat-file", "-e", f"{rev}:api/store/reads.py"], cwd=ROOT, capture_output=True, check=False
+    # Since the move into api/railtrace/ every revision's store is split, so a store.py alone is only
+    # ever found at its old place, api/store/store.py.
+    split = any(
+        subprocess.run(
+            ["git", "cat-file", "-e", f"{rev}:{path}"], cwd=ROOT, capture_output=True, check=False
+        ).returncode
+        == 0
+        for path in ("api/store/reads.py", "api/railtrace/store/reads.py")
     )
-    if split.returncode == 0:
+    if split:
         raise SystemExit(
             f"--before {rev}: its store is split into modules (api/store/reads.py, ...); this benchmark "
             "loads one store.py and cannot compare such a revision: run it from a checkout of that revision"

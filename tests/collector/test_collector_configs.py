@@ -280,7 +280,7 @@ def test_every_attribute_key_is_in_the_registry(name: str) -> None:
     keys = _attribute_keys(CONFIGS[name])
     assert keys
     unknown = {k for k in keys if k not in semconv.ATTRIBUTES_BY_KEY}
-    assert not unknown, f"{name}: keys not in tracing/semconv.py: {sorted(unknown)}"
+    assert not unknown, f"{name}: keys not in tracing/railtrace_tracing/semconv.py: {sorted(unknown)}"
 
 
 def test_llm_d_key_prefixes_in_patterns_exist_in_the_registry() -> None:

@@ -123,7 +123,7 @@ def simulator_calls(generation: str, requests: int = 12, seed: int = 5) -> list[
 def test_c_reader_is_built_and_bounds_spans_as_the_python_code() -> None:
     """A missing accelerator must not go unnoticed: skipped only when it cannot be built here."""
     if stored_spans._spandecode is None:
-        source = ROOT / "api" / "otlp" / "_spandecode.c"
+        source = ROOT / "api" / "railtrace" / "otlp" / "_spandecode.c"
         cc = (sysconfig.get_config_var("CC") or "cc").split()
         if shutil.which(cc[0]) is None:
             pytest.skip(f"no C compiler ({cc[0]}): stored spans are read through upb only")
@@ -134,7 +134,7 @@ def test_c_reader_is_built_and_bounds_spans_as_the_python_code() -> None:
         )
         if built.returncode != 0:
             pytest.skip(f"railtrace.otlp._spandecode does not compile here: {built.stderr[-500:]}")
-        pytest.fail("railtrace.otlp._spandecode compiles here but is not built: run `pip install -e .`")
+        pytest.fail("railtrace.otlp._spandecode compiles here but is not built: run `pip install -e ./api`")
     assert stored_spans._spandecode.BOUNDS == stored_spans.BOUNDS
     assert stored_spans.c_reader_available()
     assert stored_spans.span_reader() is stored_spans._read_c

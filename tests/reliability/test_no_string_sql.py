@@ -19,17 +19,26 @@ MAINTENANCE = re.compile(r"\s*(ANALYZE|VACUUM|REINDEX)\b")  # statements that na
 
 # (file, start of the literal text) -> why it is safe.
 ALLOWED = {
-    ("api/store/writes.py", "INSERT INTO span_chunks ("): "column list and placeholder constants",
-    ("api/store/writes.py", "INSERT INTO trace_keys"): "placeholder constant",
-    ("api/store/writes.py", "INSERT INTO resources "): "placeholder constant",
-    ("api/store/writes.py", "INSERT INTO traces "): "column list, placeholder and clause constants",
-    ("api/store/statements.py", "INSERT INTO traces "): "column list and clause constants",
-    ("api/store/statements.py", "SELECT  FROM (VALUES ) WHERE column1 IS NOT NULL"): (
+    ("api/railtrace/store/writes.py", "INSERT INTO span_chunks ("): "column list and placeholder constants",
+    ("api/railtrace/store/writes.py", "INSERT INTO trace_keys"): "placeholder constant",
+    ("api/railtrace/store/writes.py", "INSERT INTO resources "): "placeholder constant",
+    ("api/railtrace/store/writes.py", "INSERT INTO traces "): "column list, placeholder and clause constants",
+    ("api/railtrace/store/statements.py", "INSERT INTO traces "): "column list and clause constants",
+    ("api/railtrace/store/statements.py", "SELECT  FROM (VALUES ) WHERE column1 IS NOT NULL"): (
         "multi-row form of the INSERTs above: their own text, generated column names, repeated placeholders"
     ),
-    ("api/store/upkeep.py", "ANALYZE"): "ANALYZE takes no parameters; table names of api/store/schema.py",
-    ("api/store/engine.py", "PRAGMA synchronous="): "PRAGMA takes no parameters; the value is a code default",
-    ("api/store/engine.py", "PRAGMA wal_autocheckpoint="): "PRAGMA takes no parameters; a code constant",
+    (
+        "api/railtrace/store/upkeep.py",
+        "ANALYZE",
+    ): "ANALYZE takes no parameters; table names of api/railtrace/store/schema.py",
+    (
+        "api/railtrace/store/engine.py",
+        "PRAGMA synchronous=",
+    ): "PRAGMA takes no parameters; the value is a code default",
+    (
+        "api/railtrace/store/engine.py",
+        "PRAGMA wal_autocheckpoint=",
+    ): "PRAGMA takes no parameters; a code constant",
 }
 
 

@@ -76,6 +76,12 @@ CHECK = textwrap.dedent(
 )
 
 
+INSTALLED_FILES = """
+from importlib.metadata import files
+print("\\n".join(str(f) for f in files("railtrace-shims") or []))
+"""
+
+
 @pytest.mark.slow
 def test_shims_install_alone_with_opentelemetry_and_wrapt_only(tmp_path: Path) -> None:
     src = tmp_path / "src"
@@ -110,6 +116,18 @@ def test_shims_install_alone_with_opentelemetry_and_wrapt_only(tmp_path: Path) -
     assert result["instrumentors"] == ["railtrace_gateway", "railtrace_nixl"]
     assert result["env_same"] and not result["service_imported"]
     assert result["hot_path_built"]  # compiled from kv_transfer/_hotpath.c at install
+    # Nothing of the build (pyproject, a setup script, a doc generator) lands in the image as a module:
+    # every installed file is the package's own or the distribution's metadata.
+    installed = subprocess.run(
+        [str(py), "-c", INSTALLED_FILES], check=True, capture_output=True, text=True, timeout=60
+    ).stdout.split()
+    strays = [
+        f
+        for f in installed
+        if not f.startswith(("railtrace_tracing/", "railtrace_shims-"))
+        or f.rsplit("/", 1)[-1] in {"setup.py", "docgen.py", "pyproject.toml"}
+    ]
+    assert installed and not strays, strays
 
     # An image without a C compiler: the install still succeeds, and the shim uses its Python patches.
     shutil.rmtree(src / "build", ignore_errors=True)  # else setuptools reuses the first build

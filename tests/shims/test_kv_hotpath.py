@@ -1,5 +1,5 @@
-"""The KV shim's C hot path (`tracing/kv_transfer/_hotpath.c`) beyond what the four-way tests of
-test_kv_patches.py cover: which patches are C and when, calls it hands to the Python patches,
+"""The KV shim's C hot path (`railtrace_tracing/kv_transfer/_hotpath.c`) beyond what the four-way
+tests of test_kv_patches.py cover: which patches are C and when, calls it hands to the Python patches,
 hostile slot contents, and that it keeps no reference it should not (a leak in a C patch would
 grow vLLM's engine process by one record per transfer)."""
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from railtrace.topology import k8s_keys
 
 ROOT = Path(__file__).resolve().parents[2]
-HOME = ROOT / "api" / "topology" / "k8s_keys.py"
+HOME = ROOT / "api" / "railtrace" / "topology" / "k8s_keys.py"
 # `<dns-subdomain>/<name>`: the shape of a qualified label, annotation or device attribute.
 QUALIFIED = re.compile(r"\b[a-z0-9-]+(\.[a-z0-9-]+)+/[A-Za-z][\w.-]*")
 OWN_API = "railtrace.io/"  # railtrace's own collect document, not a cluster's name

@@ -1,4 +1,4 @@
-"""Generate `docs/conventions.md` from the name registry (`python -m railtrace_tracing.docgen`).
+"""Generate `docs/conventions.md` from the name registry (`python scripts/docgen.py`).
 
 The registry is the source of truth; a test fails when the committed document and the
 registry disagree, so the doc can never drift. `--check` exits 1 on a difference.
@@ -25,7 +25,8 @@ def render() -> str:
     out: list[str] = [
         "# Conventions: span names, attributes, flags, metrics, environment",
         "",
-        "Generated from `tracing/semconv.py` by `python -m railtrace_tracing.docgen`; do not edit by hand.",
+        "Generated from `tracing/railtrace_tracing/semconv.py` by `python scripts/docgen.py`; "
+        "do not edit by hand.",
         "",
         "## Span names",
         "",
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = args.output.read_text(encoding="utf-8") if args.output.exists() else ""
         if current != text:
-            print(f"{args.output} is out of date: run python -m railtrace_tracing.docgen", file=sys.stderr)
+            print(f"{args.output} is out of date: run python scripts/docgen.py", file=sys.stderr)
             return 1
         return 0
     args.output.write_text(text, encoding="utf-8")

@@ -4,7 +4,7 @@ Grafana (pkg/tsdb/tempo in grafana/grafana) fetches a trace as protobuf from `/a
 (`tempopb.TraceByIDResponse`), falling back to `/api/traces/{id}` (`tempopb.Trace`) on 404, and
 searches with TraceQL through `GET /api/search` (JSON). Both trace messages wrap OTLP
 `ResourceSpans` in field 1, so the bodies are built with the OTLP protobuf classes. The request's
-verdict rides on the root span as `railtrace.verdict.*` attributes (tracing/semconv.py).
+verdict rides on the root span as `railtrace.verdict.*` attributes (tracing/railtrace_tracing/semconv.py).
 
 Search supports the part of TraceQL Grafana's search builder writes: one or more `{...}` spansets
 joined by `&&`, each a conjunction of `field op value`. railtrace's own tags (flags, path class,

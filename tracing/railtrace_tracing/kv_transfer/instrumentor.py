@@ -59,7 +59,7 @@ _PATCH_MARK = "__railtrace_original__"
 _time_ns = time.time_ns
 _ERRORS = {"ERR": "nixl_xfer_err", "RELEASED": "released_before_done"}
 _EXC = "EXC:"  # state prefix of a transfer whose post or poll raised: "EXC:<exception class>"
-try:  # optional: built from _hotpath.c where the install had a compiler (see tracing/setup.py)
+try:  # optional: built from _hotpath.c where the install had a compiler (see tracing/pyproject.toml)
     from railtrace_tracing.kv_transfer import _hotpath
 
     _HOTPATH_ERROR = ""

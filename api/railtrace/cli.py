@@ -180,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:  # an incomplete install
         print(
-            f"railtrace {args.command}: cannot start, {exc}; reinstall railtrace (pip install -e .)",
+            f"railtrace {args.command}: cannot start, {exc}; reinstall railtrace (pip install -e ./api)",
             file=sys.stderr,
         )
         return 2
