@@ -126,7 +126,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--db", help="database URL (default: a fresh SQLite file in a temp folder)")
     demo.add_argument("--port", type=int, default=0, help="HTTP port (default: a free port)")
     demo.add_argument("--grpc-port", type=int, default=0, help="gRPC port (default: a free port)")
-    demo.add_argument("--keep-serving", action="store_true", help="leave the service running afterwards")
+    after = demo.add_mutually_exclusive_group()
+    after.add_argument(
+        "--keep-serving",
+        action="store_true",
+        help="leave the service and its web UI running until Ctrl-C (the default)",
+    )
+    after.add_argument(
+        "--exit",
+        action="store_true",
+        help="print the report and stop the service (for scripts); the exit code says whether "
+        "every request was assembled",
+    )
     demo.add_argument("--json", action="store_true", help="print the report as JSON")
 
     topo = sub.add_parser("topology", help="inspect the topology model")

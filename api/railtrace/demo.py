@@ -106,7 +106,7 @@ def demo_command(args: argparse.Namespace) -> int:
                     db=args.db if len(runs) == 1 else None,
                     port=args.port if len(runs) == 1 else 0,
                     grpc_port=args.grpc_port if len(runs) == 1 else 0,
-                    keep_serving=args.keep_serving and i == len(runs) - 1,
+                    keep_serving=not args.exit and i == len(runs) - 1,
                     as_json=args.json,
                     print_report=len(runs) == 1,
                     topology_source=getattr(args, "topology_source", "dra"),
@@ -242,7 +242,11 @@ def _detail(r: SimRequest, summary: dict[str, Any]) -> dict[str, Any]:
 
 def _serve_until_interrupted(http_url: str, grpc: str, workdir: Path) -> None:
     # One URL: the fleet page links to everything else (API, metrics and files are in the docs).
-    _say(f"railtrace demo: serving until Ctrl-C (files in {workdir}); open the fleet page:")
+    # The data goes with the process: `--db URL` keeps it for `railtrace serve --db URL` later.
+    _say(
+        f"railtrace demo: the web UI stays up until Ctrl-C (`--exit` stops here); "
+        f"files in {workdir}; open the fleet page:"
+    )
     print(f"{http_url}/", flush=True)
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -158,7 +158,7 @@ def test_decode_only_recipe_is_not_flagged_and_says_what_is_untraced(tmp_path: P
 def test_demo_covers_every_release_and_recipe(capsys: pytest.CaptureFixture[str]) -> None:
     args = demo_args(
         "--requests", "2", "--seed", "3", "--scenario", "topology-aware",
-        "--generation", "all", "--recipe", "all", "--resources", "emitted",
+        "--generation", "all", "--recipe", "all", "--resources", "emitted", "--exit",
     )  # fmt: skip
     assert demo_command(args) == 0
     out = capsys.readouterr().out
@@ -175,12 +175,12 @@ def test_a_port_in_use_gives_a_clear_error(capsys: pytest.CaptureFixture[str]) -
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         port = s.getsockname()[1]
-        args = demo_args("--requests", "4", "--seed", "1", "--port", str(port))
+        args = demo_args("--requests", "4", "--seed", "1", "--port", str(port), "--exit")
         assert demo_command(args) == 2
     assert f"port {port} (--port) is already in use" in capsys.readouterr().err
 
 
 def test_unknown_scenario_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
-    args = demo_args("--requests", "4", "--seed", "1", "--scenario", "nope")
+    args = demo_args("--requests", "4", "--seed", "1", "--scenario", "nope", "--exit")
     assert demo_command(args) == 2
     assert "unknown scenario 'nope'" in capsys.readouterr().err

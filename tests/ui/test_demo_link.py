@@ -1,4 +1,5 @@
-"""`railtrace demo --keep-serving` ends with one URL, the fleet page; the report's links open UI pages."""
+"""`railtrace demo` (serving until Ctrl-C is its default) ends with one URL, the fleet page; the
+report's links open UI pages."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ URL = re.compile(r"^http://127\.0\.0\.1:\d+/$")
 def test_the_demo_prints_one_url_that_shows_the_fleet(browser: Any) -> None:
     env = {**os.environ, "RAILTRACE_ASSEMBLY_PROCESSES": "0"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "railtrace.cli", "demo", "--requests", "24", "--keep-serving"],
+        [sys.executable, "-m", "railtrace.cli", "demo", "--requests", "24"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

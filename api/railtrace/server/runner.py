@@ -172,6 +172,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def serve_command(args: argparse.Namespace) -> int:
     """`railtrace serve`: run until SIGINT/SIGTERM."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Alembic narrates every start (context, DDL mode, each revision) at INFO; a start-up says
+    # where the service is, and problems, nothing else.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     settings = settings_from_args(args)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -188,7 +191,8 @@ def serve_command(args: argparse.Namespace) -> int:
     gc.freeze()
     print(
         f"railtrace serving OTLP/HTTP + API on {service.http_url}, OTLP/gRPC on {service.grpc_endpoint}, "
-        f"store {_safe_url(settings.db)}",
+        f"store {_safe_url(settings.db)}\n"
+        f"web UI: {service.http_url}/",
         flush=True,
     )
     for warning in exposure_warnings(
