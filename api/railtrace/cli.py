@@ -94,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CIDR",
         help="a proxy (e.g. an OTel collector) whose X-Forwarded-For names the real OTLP sender (repeatable)",
     )
+    serve.add_argument(
+        "--trusted-collector",
+        action="append",
+        metavar="CIDR",
+        help="an OTel collector whose k8s.pod.name / k8s.pod.ip (k8sattributes) are believed (repeatable)",
+    )
 
     demo = sub.add_parser("demo", help="run a simulated P/D fleet with injected faults end to end")
     demo.add_argument("--requests", type=int, default=400, help="requests to simulate (default 400)")

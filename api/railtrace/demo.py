@@ -184,6 +184,9 @@ def run_demo(
         # `emitted`: each simulated pod's address reaches the service as X-Forwarded-For from
         # loopback, standing in for the pod IPs a real sender connects from.
         trusted_proxies=["127.0.0.1/32"] if resources == "emitted" else [],
+        # `collector`: the simulated pods' k8s.* stand for a collector's k8sattributes, and the
+        # demo sends them from loopback as that collector would.
+        trusted_collectors=["127.0.0.1/32"] if resources == "collector" else [],
         db=db or f"sqlite:///{workdir / 'railtrace.db'}",
         topology=[str(topo_dir)],
         host="127.0.0.1",

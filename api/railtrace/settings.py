@@ -6,7 +6,7 @@ import ipaddress
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # More assembly children than this would only queue for the same database.
@@ -105,6 +105,12 @@ class Settings(BaseSettings):
         description="Addresses/CIDRs of proxies (e.g. an OTel collector) whose X-Forwarded-For header "
         "or gRPC metadata names the real OTLP sender; from anyone else it is ignored.",
     )
+    trusted_collectors: list[str] = Field(
+        default_factory=list,
+        description="Addresses/CIDRs of OTel collectors whose k8s.pod.name and k8s.pod.ip (their "
+        "k8sattributes) are believed. From any other sender those claims count only where they agree "
+        "with its address (the peer, or X-Forwarded-For from a trusted proxy).",
+    )
     max_connections: int = Field(
         1000,
         description="Open HTTP connections. At the limit a new connection closes the one that has waited"
@@ -146,14 +152,14 @@ class Settings(BaseSettings):
             raise ValueError("TLS needs both a certificate and its key (tls_cert and tls_key)")
         return self
 
-    @field_validator("trusted_proxies")
+    @field_validator("trusted_proxies", "trusted_collectors")
     @classmethod
-    def _proxies(cls, value: list[str]) -> list[str]:
+    def _networks(cls, value: list[str], info: ValidationInfo) -> list[str]:
         for item in value:
             try:
                 ipaddress.ip_network(item, strict=False)
             except ValueError:
-                raise ValueError(f"trusted_proxies: {item!r} is not an IP address or CIDR") from None
+                raise ValueError(f"{info.field_name}: {item!r} is not an IP address or CIDR") from None
         return value
 
     @field_validator("db")

@@ -355,3 +355,88 @@ def test_a_key_held_by_too_many_traces_stitches_the_first_to_arrive() -> None:
     assert set(legit) <= group and len(group) == MAX_KEY_FANOUT
     notes = excess_notes(keys, pairs)
     assert "4 later traces" in notes["a1"] and "z32" not in notes
+
+
+# -- Claimed identities: who vouches for k8s.* (`railtrace.otlp.claims`, set at ingest) -------
+
+
+def _claiming(span: Span, claims: str, pod: str | None = None, pod_ip: str | None = None) -> Span:
+    span.resource["railtrace.otlp.claims"] = claims
+    if pod:
+        span.resource["k8s.pod.name"] = pod
+    if pod_ip:
+        span.resource["k8s.pod.ip"] = pod_ip
+    return span
+
+
+def test_identity_believes_a_trusted_collectors_claims_and_not_its_own_address() -> None:
+    span = _claiming(_kv(9, "rdma", "10.8.0.4"), "collector", "decode-0", DECODE_IP)
+    assert identity(span) == Identity("decode-0", frozenset({DECODE_IP}))
+    # No pod found by the collector: no identity (its own address is every pod's sender).
+    assert not identity(_claiming(_kv(9, "rdma", "10.8.0.4"), "collector"))
+
+
+def test_identity_believes_only_the_address_of_any_other_sender() -> None:
+    forged = identity(_claiming(_kv(9, "tcp", ATTACKER), "sender", "decode-0", DECODE_IP))
+    assert (forged.pod, forged.ips) == (None, frozenset({ATTACKER}))
+    assert (
+        "claims pod decode-0" in forged.describe() and f"claims k8s.pod.ip {DECODE_IP}" in forged.describe()
+    )
+    honest = identity(_claiming(_kv(9, "rdma", DECODE_IP), "sender", "decode-0", DECODE_IP))
+    assert honest.ips == frozenset({DECODE_IP}) and "k8s.pod.ip" not in honest.describe()
+
+
+def _collector_request() -> list[Span]:
+    """The request as a trusted collector forwards it: k8s.* on every pod's spans, the
+    collector's address as the sender."""
+    spans = _request()
+    for span in spans:
+        ip = span.resource.get("railtrace.otlp.peer")
+        if ip:
+            pod = "decode-0" if ip == DECODE_IP else "prefill-0"
+            _claiming(span, "collector", pod, ip)
+            span.resource["railtrace.otlp.peer"] = "10.8.0.4"
+    return spans
+
+
+@pytest.mark.parametrize(
+    ("pod", "pod_ip", "peer", "claims"),
+    [
+        ("decode-0", None, ATTACKER, "sender"),  # the decode pod's name from another address
+        (None, DECODE_IP, ATTACKER, "sender"),  # its address, claimed
+        (None, None, "10.8.0.4", "collector"),  # through the collector, which found no pod
+    ],
+)
+def test_forged_kv_span_claiming_the_decode_pod_does_not_count(
+    pod: str | None, pod_ip: str | None, peer: str, claims: str
+) -> None:
+    real = _claiming(_kv(2, "rdma", "10.8.0.4"), "collector", "decode-0", DECODE_IP)
+    forged = _claiming(_kv(3, "tcp", peer), claims, pod, pod_ip)
+    facts = _one([*_collector_request(), real, forged])
+    assert facts.kv is not None and facts.kv.transport == "rdma"
+    assert f"{3:032x}" not in facts.trace_ids
+    assert any(f"{3:032x}" in note for note in facts.coverage["rejected"])
+
+
+def test_a_verified_kv_hop_stays_with_its_request_beside_a_forged_one() -> None:
+    """A forger's whole request with the victim's ids and no identity of its own: the KV span,
+    verified for the victim only, joins the victim (it fitted both and was dropped before)."""
+    forged = [
+        _span(3, 1, "gateway.request", 0, 3000, {"gen_ai.request.id": RID}, service="x"),
+        _span(
+            3,
+            2,
+            "llm_request",
+            1,
+            2900,
+            {"gen_ai.request.id": f"chatcmpl-{RID}", "gen_ai.usage.completion_tokens": 200},
+            parent=1,
+            service="vllm-decode",
+        ),
+    ]
+    facts = assemble([*_request(), _kv(2, "tcp", DECODE_IP), *forged])
+    victim = next(f for f in facts if f.trace_id == f"{1:032x}")
+    other = next(f for f in facts if f.trace_id == f"{3:032x}")
+    assert victim.kv is not None and victim.kv.transport == "tcp" and f"{2:032x}" in victim.trace_ids
+    assert other.kv is None
+    assert any("verified for another request" in note for note in other.coverage["rejected"])

@@ -16,7 +16,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from railtrace.simulator.fleet import Fleet, Pod, build_fleet
+from railtrace.simulator.fleet import NAMESPACE, Fleet, Pod, build_fleet
 from railtrace.simulator.scenarios import resolve
 
 MS = 1_000_000
@@ -155,14 +155,46 @@ def llm_request(
     }
 
 
-def emit(url: Endpoints, rel: Release, recipe: str, prefill: Pod, decode: Pod) -> dict[str, Any]:
-    """Send one request as `rel` traces it; returns its ids."""
+def k8s_resource(pod: Pod) -> dict[str, Any]:
+    """What a collector's k8sattributes adds to a pod's process: its name, namespace and node,
+    and `k8s.pod.ip` from the connection it associated the pod by."""
+    return {
+        "k8s.pod.name": pod.name,
+        "k8s.namespace.name": NAMESPACE,
+        "k8s.node.name": pod.node.name,
+        "k8s.pod.ip": pod.ip,
+    }
+
+
+def emit(
+    url: Endpoints,
+    rel: Release,
+    recipe: str,
+    prefill: Pod,
+    decode: Pod,
+    *,
+    collector: str | None = None,
+    transport: str = "rdma",
+) -> dict[str, Any]:
+    """Send one request as `rel` traces it; returns its ids.
+
+    `collector`: every process exports through an OTel collector at this address, whose
+    k8sattributes adds `k8s_resource` of the pod (collector-shaped resources); without it each
+    process is forwarded for its own pod's address (emitter-shaped). `transport`: what the
+    KV shim reports for the transfer."""
+
+    def shaped(resource: dict[str, Any], pod: Pod | None) -> dict[str, Any]:
+        return {**resource, **k8s_resource(pod)} if collector and pod is not None else resource
+
+    def via(pod: Pod | None) -> str | None:
+        return collector or (pod.ip if pod is not None else None)
+
     epp_id = str(uuid.uuid4())  # Envoy's / the EPP's x-request-id
     sidecar_id = str(uuid.uuid4())  # the nixlv2 sidecar's own UUID, a second x-request-id
     public = f"chatcmpl-{epp_id}"  # vLLM keeps the first x-request-id
     engine_id = f"{public}-99ae74c8"  # vLLM's engine-internal id (PR #27987)
     ids: dict[str, Any] = {"epp_id": epp_id, "sidecar_id": sidecar_id, "public": public, "engine": engine_id}
-    decode_vllm = Process(url, vllm_resource("vllm-decode"), "vllm.tracing.otel", decode.ip)
+    decode_vllm = Process(url, shaped(vllm_resource("vllm-decode"), decode), "vllm.tracing.otel", via(decode))
     processes = [decode_vllm]
     if recipe == "decode_only":
         # llm-d's guide: the decode Deployment alone is patched; nothing upstream is traced.
@@ -187,23 +219,32 @@ def emit(url: Endpoints, rel: Release, recipe: str, prefill: Pod, decode: Pod) -
             "k8s.node.name": "cpu-node-1",
         },
         rel.epp_scope,
-        None,
+        via(None),
         grpc=True,
     )
     sidecar = Process(
-        url, {"service.name": "routing-proxy"}, "llm-d-router/pkg/sidecar/proxy", decode.ip, grpc=True
+        url,
+        shaped({"service.name": "routing-proxy"}, decode),
+        "llm-d-router/pkg/sidecar/proxy",
+        via(decode),
+        grpc=True,
     )
-    prefill_vllm = Process(url, vllm_resource("vllm-prefill"), "vllm.tracing.otel", prefill.ip)
+    prefill_vllm = Process(
+        url, shaped(vllm_resource("vllm-prefill"), prefill), "vllm.tracing.otel", via(prefill)
+    )
     worker = Process(
         url,
-        {
-            **vllm_resource("vllm-decode"),
-            "vllm.instrumenting_module_name": "vllm.worker",
-            "vllm.process_kind": "worker",
-            "vllm.process_name": "Worker_0",
-        },
+        shaped(
+            {
+                **vllm_resource("vllm-decode"),
+                "vllm.instrumenting_module_name": "vllm.worker",
+                "vllm.process_kind": "worker",
+                "vllm.process_name": "Worker_0",
+            },
+            decode,
+        ),
         "railtrace.kv_transfer",
-        decode.ip,
+        via(decode),
     )
     processes += [epp, sidecar, prefill_vllm, worker]
     # GIE v1.5.0's body-based router, in front of the EPP, starts its own root `gateway.request`
@@ -212,7 +253,7 @@ def emit(url: Endpoints, rel: Release, recipe: str, prefill: Pod, decode: Pod) -
         url,
         {"service.name": "gateway-api-inference-extension/bbr"},
         "gateway-api-inference-extension/bbr/extproc",
-        None,
+        via(None),
     )
     processes.append(bbr)
     bbr.span("gateway.request", -0.5, 0.0, {}, kind=trace.SpanKind.SERVER)
@@ -284,10 +325,11 @@ def emit(url: Endpoints, rel: Release, recipe: str, prefill: Pod, decode: Pod) -
         300,
         {
             "llm_d.kv_transfer.request_id": engine_id,
-            "llm_d.kv_transfer.transport": "rdma",
+            "llm_d.kv_transfer.transport": transport,
             "llm_d.kv_transfer.operation": "read",
         },
     )
+    ids["kv_trace"] = format(kv.context.trace_id, "032x")
     ids["traces"] = sorted(
         {format(s.context.trace_id, "032x") for s in (gateway, root, p_span, d_span, kv)},
         key=lambda t: t != format(gateway.context.trace_id, "032x"),

@@ -14,11 +14,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from railtrace.server.runner import Service
-from railtrace.server.senders import grpc_peer_host, sender_address, trusted_networks
+from railtrace.server.senders import Sender, grpc_peer_host, sender_address, sender_of, trusted_networks
 from railtrace.settings import Settings
 from tests.service_helpers import settings_for
 
 PEER = "railtrace.otlp.peer"
+CLAIMS = "railtrace.otlp.claims"
 
 
 @pytest.mark.parametrize(
@@ -38,6 +39,38 @@ PEER = "railtrace.otlp.peer"
 )
 def test_sender_address(peer: str | None, forwarded: list[str], trusted: list[str], want: str | None) -> None:
     assert sender_address(peer, forwarded, trusted_networks(trusted)) == want
+
+
+@pytest.mark.parametrize(
+    ("peer", "forwarded", "proxies", "collectors", "want"),
+    [
+        ("10.8.0.4", [], [], ["10.8.0.0/24"], Sender("10.8.0.4", "collector")),
+        ("10.0.1.5", [], [], ["10.8.0.0/24"], Sender("10.0.1.5", "sender")),
+        # Through a trusted proxy, the client it names is the sender whose claims are judged.
+        ("10.0.0.2", ["10.8.0.4"], ["10.0.0.0/30"], ["10.8.0.0/24"], Sender("10.8.0.4", "collector")),
+        ("10.0.0.2", ["10.9.9.9"], ["10.0.0.0/30"], ["10.8.0.0/24"], Sender("10.9.9.9", "sender")),
+        # A header from an untrusted peer names nobody: a forger cannot pass for the collector.
+        ("10.9.9.9", ["10.8.0.4"], ["10.0.0.0/30"], ["10.8.0.0/24"], Sender("10.9.9.9", "sender")),
+        # A collector beside the service: loopback is believed, though not recorded as an address.
+        ("127.0.0.1", [], [], ["127.0.0.1/32"], Sender(None, "collector")),
+        ("127.0.0.1", [], [], [], Sender(None, "sender")),
+        (None, [], [], ["0.0.0.0/0"], Sender(None, "sender")),
+    ],
+)
+def test_sender_claims(
+    peer: str | None, forwarded: list[str], proxies: list[str], collectors: list[str], want: Sender
+) -> None:
+    assert sender_of(peer, forwarded, trusted_networks(proxies), trusted_networks(collectors)) == want
+
+
+def test_trusted_collectors_from_the_command_line_and_checked() -> None:
+    from railtrace.cli import build_parser
+    from railtrace.server.runner import settings_from_args
+
+    args = build_parser().parse_args(["serve", "--trusted-collector", "10.8.0.0/24"])
+    assert settings_from_args(args).trusted_collectors == ["10.8.0.0/24"]
+    with pytest.raises(ValueError, match="trusted_collectors"):
+        Settings(trusted_collectors=["collector.local"])
 
 
 def test_grpc_peer_forms() -> None:
@@ -60,11 +93,13 @@ def test_trusted_proxies_from_the_command_line() -> None:
     assert settings_from_args(args).trusted_proxies == ["10.0.0.0/8", "fd00::1"]
 
 
-def _spans(claimed_peer: str | None = None) -> list:
+def _spans(claimed_peer: str | None = None, claims: str | None = None) -> list:
     memory = InMemorySpanExporter()
-    attrs = {"service.name": "vllm-decode"}
+    attrs = {"service.name": "vllm-decode", "k8s.pod.name": "vllm-decode-0"}
     if claimed_peer:
         attrs[PEER] = claimed_peer
+    if claims:
+        attrs[CLAIMS] = claims
     provider = TracerProvider(resource=Resource.create(attrs))
     provider.add_span_processor(SimpleSpanProcessor(memory))
     with provider.get_tracer("vllm.tracing.otel").start_as_current_span("llm_request"):
@@ -104,3 +139,31 @@ def test_http_and_grpc_senders_recorded_from_trusted_proxy_only(db_url: str) -> 
         finally:
             http.shutdown()
         assert PEER not in _resource(svc, spans)
+
+
+def test_who_vouches_for_k8s_claims_is_recorded_over_http_and_grpc(db_url: str) -> None:
+    """A trusted collector's claims are marked `collector`, anyone else's `sender` -- also when
+    the sender writes `collector` itself."""
+    settings = settings_for(db_url, trusted_proxies=["127.0.0.1/32"], trusted_collectors=["10.8.0.0/24"])
+    with Service(settings) as svc:
+        cases = [
+            ("http", "10.8.0.4", None, "collector"),
+            ("grpc", "10.8.0.4", None, "collector"),
+            ("http", "10.0.1.5", "collector", "sender"),
+            ("grpc", "10.0.1.5", "collector", "sender"),
+        ]
+        for transport, sender, claimed, want in cases:
+            spans = _spans(claims=claimed)
+            headers = {"x-forwarded-for": sender}
+            exporter = (
+                HttpExporter(endpoint=svc.http_url + "/v1/traces", headers=headers)
+                if transport == "http"
+                else GrpcExporter(endpoint=svc.grpc_endpoint, insecure=True, headers=headers)
+            )
+            try:
+                assert exporter.export(spans) == SpanExportResult.SUCCESS
+            finally:
+                exporter.shutdown()
+            resource = _resource(svc, spans)
+            assert (resource[PEER], resource[CLAIMS]) == (sender, want), (transport, sender, claimed)
+            assert resource["k8s.pod.name"] == "vllm-decode-0"  # the claim is kept, as a claim

@@ -493,6 +493,17 @@ RES_OTLP_PEER = _attr(
     "trusted proxy forwarded for (X-Forwarded-For). Set at ingest, never by a sender; loopback "
     "senders are not recorded.",
 )
+# Values of `railtrace.otlp.claims`.
+CLAIMS_COLLECTOR = "collector"
+CLAIMS_SENDER = "sender"
+RES_OTLP_CLAIMS = _attr(
+    "railtrace.otlp.claims",
+    "string",
+    "Who vouches for this resource's k8s.pod.name and k8s.pod.ip: `collector` (a trusted collector "
+    "sent it; its k8sattributes are believed) or `sender` (the sender's own word: counts only where "
+    "it agrees with railtrace.otlp.peer). Set at ingest, never by a sender.",
+    allowed=(CLAIMS_COLLECTOR, CLAIMS_SENDER),
+)
 RES_VLLM_MODULE = _attr("vllm.instrumenting_module_name", "string", "vLLM tracer module.", origin="vllm")
 
 # -- Content: never stored ----------------------------------------------------------------

@@ -11,12 +11,14 @@ model"). The rules, applied to the traces (units) that share a key:
   hops the request lacks. A unit that brings a hop the request already has (a second EPP
   root, a second decode engine) is a contradicting candidate: reported, not merged.
 - A joining unit and every KV span must come from the identity the request expects (the
-  sender address `railtrace.otlp.peer`, `k8s.pod.ip`, `k8s.pod.name`): an orphan decode engine
+  sender address `railtrace.otlp.peer`, `k8s.pod.ip`, `k8s.pod.name`; a claimed `k8s.*` only
+  where a trusted collector vouches for it, `railtrace.otlp.claims`): an orphan decode engine
   from the decode pod (the sidecar's pod), a prefill engine from the prefill target's address,
   an EPP unit whose prefill address is the sidecar's, a KV span from the decode engine (the
   prefill engine for a `write`, i.e. push). A contradiction rejects it; where neither side
   carries an identity it joins as `unverified`, and an unverified KV span never counts when a
-  verified one exists.
+  verified one exists. A KV unit that fits several requests sharing its id joins the one where
+  it is verified: an unverified request (a forger's own, with the victim's ids) cannot take it.
 - A unit with no request hop at all (unknown spans that merely carry the id) joins nothing.
 
 Pure functions of the spans, like the rest of assembly.
@@ -71,10 +73,12 @@ class JoinNotes:
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """Who sent a span, as far as its resource says: the pod name and the addresses."""
+    """Who sent a span, as far as the service believes: the pod name and the addresses.
+    `unbelieved`: what the resource claimed beyond that, for the evidence only."""
 
     pod: str | None
     ips: frozenset[str]
+    unbelieved: str = ""
 
     def __bool__(self) -> bool:
         return bool(self.pod or self.ips)
@@ -82,18 +86,35 @@ class Identity:
     def describe(self) -> str:
         parts = [f"pod {self.pod}"] if self.pod else []
         parts += sorted(self.ips)
-        return ", ".join(parts) or "no identity"
+        text = ", ".join(parts) or "no identity"
+        return f"{text} ({self.unbelieved})" if self.unbelieved else text
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def identity(span: Span) -> Identity:
+    """The sender's identity (docs/normalisation.md, "Identity"). Where ingest recorded who
+    vouches for the resource's `k8s.*` (`railtrace.otlp.claims`): a trusted collector's claims
+    are the identity and its own address is not (every pod behind it shares that address); a
+    sender's own claims count only where they agree with its address, which alone is then the
+    identity -- a pod name cannot be checked here (no topology), so it is not believed. Without
+    the key (spans not received by the service's receivers) the resource is read as it is."""
     resource = span.resource if isinstance(span.resource, dict) else {}
-    pod = resource.get(semconv.RES_POD)
-    ips = {
-        v
-        for v in (resource.get(semconv.RES_POD_IP), resource.get(semconv.RES_OTLP_PEER))
-        if isinstance(v, str) and v
-    }
-    return Identity(pod if isinstance(pod, str) and pod else None, frozenset(ips))
+    pod = _text(resource.get(semconv.RES_POD))
+    pod_ip = _text(resource.get(semconv.RES_POD_IP))
+    peer = _text(resource.get(semconv.RES_OTLP_PEER))
+    claims = resource.get(semconv.RES_OTLP_CLAIMS)
+    if claims == semconv.CLAIMS_COLLECTOR:
+        return Identity(pod, frozenset({pod_ip} if pod_ip else ()))
+    if claims == semconv.CLAIMS_SENDER:
+        unbelieved = [f"claims pod {pod}"] if pod else []
+        if pod_ip and pod_ip != peer:
+            unbelieved.append(f"claims k8s.pod.ip {pod_ip}")
+        note = ", ".join(unbelieved) + (" without a trusted collector" if unbelieved else "")
+        return Identity(None, frozenset({peer} if peer else ()), note)
+    return Identity(pod, frozenset(ip for ip in (pod_ip, peer) if ip))
 
 
 def agree(a: Identity, b: Identity) -> bool | None:
@@ -392,11 +413,25 @@ def admit(units: dict[str, list[Span]]) -> list[tuple[list[Span], JoinNotes]]:
             notes[i].unverify(f"{unit.describe()} joined by request id; sender not verified")
 
     # KV-transfer spans, wherever they came (their own trace, or inside another).
+    # A unit verified for one request joins it even where another (unverified: a forger's own
+    # request with the same ids) would also take it: a verified hop is not dropped for that.
     kv_units = [u for u in fragments if not u.fills]
     for unit in kv_units:
-        kv_fits = [i for i, m in enumerate(merged) if _check_kv_unit(unit, m) != CONTRADICTED]
+        standing = [_check_kv_unit(unit, m) for m in merged]
+        top = min(standing, default=CONTRADICTED)
+        kv_fits = [i for i, s in enumerate(standing) if s == top != CONTRADICTED]
         if len(kv_fits) == 1:
-            merged[kv_fits[0]].add(unit)
+            chosen = kv_fits[0]
+            merged[chosen].add(unit)
+            for i, status in enumerate(standing):
+                if i == chosen:
+                    continue
+                if status == CONTRADICTED:
+                    basis = "; ".join(kv_basis(s, merged[i]) for s in unit.kv[:1])
+                    why = f"its sender is not the engine: {basis}"
+                else:
+                    why = "it is verified for another request that shares its id"
+                notes[i].reject(f"{unit.describe()} not joined: {why}")
         else:
             why = f"it fits {len(kv_fits)} requests that share its id"
             if not kv_fits:

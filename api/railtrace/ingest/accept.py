@@ -75,12 +75,13 @@ class ExportAcceptor:
         self.metrics.throttled(transport)
         return Accepted(Outcome.BEHIND, "ingest is behind")
 
-    def rows(self, raw: bytes, media: str, sender: str | None) -> RowBatch:
-        """The call's rows (raises `PayloadError`)."""
-        return export_rows(self.content, raw, media, sender)
+    def rows(self, raw: bytes, media: str, sender: str | None, claims: str | None = None) -> RowBatch:
+        """The call's rows (raises `PayloadError`). `sender` and `claims`: who sent it and who
+        vouches for its `k8s.*` claims (`railtrace.server.senders.Sender`), kept on each resource."""
+        return export_rows(self.content, raw, media, sender, claims)
 
     async def rows_of(
-        self, transport: str, raw: bytes, media: str, sender: str | None
+        self, transport: str, raw: bytes, media: str, sender: str | None, claims: str | None = None
     ) -> RowBatch | Accepted:
         """The call's rows, from an event loop; `INVALID` (and counted) for a payload that is not
         an export request. A typical exporter batch (512 spans, ~400 KB of protobuf) is parsed
@@ -90,8 +91,8 @@ class ExportAcceptor:
         drops the body before it waits: only the rows stay while a call waits for its commit."""
         try:
             if media == PROTOBUF and len(raw) <= self.parse_inline_max_bytes:
-                return self.rows(raw, media, sender)
-            return await run_in_threadpool(self.rows, raw, media, sender)
+                return self.rows(raw, media, sender, claims)
+            return await run_in_threadpool(self.rows, raw, media, sender, claims)
         except PayloadError as exc:
             return self._invalid(transport, exc)
 
@@ -103,10 +104,12 @@ class ExportAcceptor:
             return self._refused(transport, exc)
         return self._committed(transport, batch, result)
 
-    def accept_blocking(self, transport: str, raw: bytes, media: str, sender: str | None) -> Accepted:
+    def accept_blocking(
+        self, transport: str, raw: bytes, media: str, sender: str | None, claims: str | None = None
+    ) -> Accepted:
         """From a handler thread of its own (gRPC): parse here, block until the commit."""
         try:
-            batch = self.rows(raw, media, sender)
+            batch = self.rows(raw, media, sender, claims)
         except PayloadError as exc:
             return self._invalid(transport, exc)
         try:

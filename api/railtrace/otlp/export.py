@@ -23,22 +23,30 @@ def prepare(
     media: str = PROTOBUF,
     content_free: bool = False,
     sender: str | None = None,
+    claims: str | None = None,
 ) -> RowBatch:
     """Rows of an export call whose content, if any, has already been dealt with.
 
     `content_free`: the caller's content filter has already ruled out content attributes.
-    `sender`: the address the call came from (`railtrace.server.senders`), kept on each resource.
+    `sender`: the address the call came from (`railtrace.server.senders`), kept on each resource;
+    `claims`: who vouches for its `k8s.*` claims (`rows.stamp_sender`).
     """
     if isinstance(body, ExportTraceServiceRequest):
-        return rows_from_request(body, content_free=content_free, sender=sender)
+        return rows_from_request(body, content_free=content_free, sender=sender, claims=claims)
     if media == JSON:
-        return rows_from_request(parse_json(body), content_free=content_free, sender=sender)
-    batch = rows_from_bytes(body, content_free, sender)  # the usual call: no protobuf objects at all
+        return rows_from_request(parse_json(body), content_free=content_free, sender=sender, claims=claims)
+    batch = rows_from_bytes(body, content_free, sender, claims)  # the usual call: no protobuf objects at all
     if batch is not None:
         return batch
-    return rows_from_request(parse_protobuf(body), raw=body, content_free=content_free, sender=sender)
+    return rows_from_request(
+        parse_protobuf(body), raw=body, content_free=content_free, sender=sender, claims=claims
+    )
 
 
-def export_rows(content: ContentFilter, raw: bytes, media: str, sender: str | None = None) -> RowBatch:
+def export_rows(
+    content: ContentFilter, raw: bytes, media: str, sender: str | None = None, claims: str | None = None
+) -> RowBatch:
     """Drop the configured content attributes, then build the rows."""
-    return prepare(content.apply(raw, media), media, content_free=content.covers_content, sender=sender)
+    return prepare(
+        content.apply(raw, media), media, content_free=content.covers_content, sender=sender, claims=claims
+    )

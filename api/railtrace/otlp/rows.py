@@ -47,7 +47,7 @@ from railtrace.otlp.content import KeyScan
 from railtrace.otlp.decode import DEFAULT_DROP, DecodeResult, attributes
 from railtrace.otlp.validity import span_problem
 from railtrace_tracing import semconv
-from railtrace_tracing.semconv import RES_OTLP_PEER
+from railtrace_tracing.semconv import RES_OTLP_CLAIMS, RES_OTLP_PEER
 
 # A trace's spans from one export call: [trace_id, chunk_id, received_ns (set by the writer at
 # commit), span_count, body, has_root]; the first five are the `span_chunks` columns.
@@ -323,26 +323,34 @@ def span_slices(raw: bytes) -> list[tuple[list[bytes], int, int]] | None:
     return out
 
 
-def stamp_sender(resource: dict[str, Any], sender: str | None) -> dict[str, Any]:
-    """Record who sent a resource (`railtrace.otlp.peer`): the service's own observation,
-    so a sender's value for the key is replaced, never trusted. Identity resolution matches it
-    against the topology's pod IPs (docs/normalisation.md, "Identity")."""
+def stamp_sender(resource: dict[str, Any], sender: str | None, claims: str | None = None) -> dict[str, Any]:
+    """Record who sent a resource (`railtrace.otlp.peer`) and who vouches for its `k8s.pod.name`
+    and `k8s.pod.ip` (`railtrace.otlp.claims`: a trusted collector, or the sender itself): the
+    service's own observations, so a sender's values for the keys are replaced, never trusted.
+    Identity resolution matches the address against the topology's pod IPs, and assembly
+    believes a claim only where the sender agrees or a trusted collector vouches
+    (docs/normalisation.md, "Identity"). The receivers always say `claims`; without it (spans
+    loaded by other means) claims are read as before the key existed."""
     if sender:
         resource[RES_OTLP_PEER] = sender
     else:
         resource.pop(RES_OTLP_PEER, None)
+    if claims:
+        resource[RES_OTLP_CLAIMS] = claims
+    else:
+        resource.pop(RES_OTLP_CLAIMS, None)
     return resource
 
 
 def _scopes(
-    request: ExportTraceServiceRequest, batch: RowBatch, sender: str | None = None
+    request: ExportTraceServiceRequest, batch: RowBatch, sender: str | None = None, claims: str | None = None
 ) -> list[tuple[int, Any]]:
     """(resource id, ScopeSpans) of each scope of the call, in order; the resources go into
     the batch. Resource attributes are decoded once per call, not per span."""
     result = DecodeResult()
     out: list[tuple[int, Any]] = []
     for rs in request.resource_spans:
-        resource = stamp_sender(attributes(rs.resource.attributes, DEFAULT_DROP, result), sender)
+        resource = stamp_sender(attributes(rs.resource.attributes, DEFAULT_DROP, result), sender, claims)
         for ss in rs.scope_spans:
             rid, blob = resource_key(resource, ss.scope.name[:MAX_SCOPE_NAME])
             batch.resources[rid] = blob
@@ -356,6 +364,7 @@ def rows_from_request(
     raw: bytes | None = None,
     content_free: bool = False,
     sender: str | None = None,
+    claims: str | None = None,
 ) -> RowBatch:
     """Rows for every valid span of a parsed export request; invalid spans are counted with a
     reason. The Python path: `rows_from_bytes` gives the same rows without parsing the call
@@ -371,11 +380,13 @@ def rows_from_request(
     check_content = not content_free and may_hold_content(
         raw if raw is not None else request.SerializeToString()
     )
-    _rows_python(raw, _scopes(request, batch, sender), check_content, batch)
+    _rows_python(raw, _scopes(request, batch, sender, claims), check_content, batch)
     return batch
 
 
-def rows_from_bytes(raw: bytes, content_free: bool = False, sender: str | None = None) -> RowBatch | None:
+def rows_from_bytes(
+    raw: bytes, content_free: bool = False, sender: str | None = None, claims: str | None = None
+) -> RowBatch | None:
     """Rows for an export call straight from its bytes, without the protobuf library parsing
     its spans: the C accelerator checks that the library would parse each of them (field
     shapes, UTF-8, nesting) while it builds the rows, and only the few resource and scope
@@ -401,7 +412,7 @@ def rows_from_bytes(raw: bytes, content_free: bool = False, sender: str | None =
             if resource is None:
                 message = Resource.FromString(resource_bytes)
                 resource = resources[resource_bytes] = stamp_sender(
-                    attributes(message.attributes, DEFAULT_DROP, result), sender
+                    attributes(message.attributes, DEFAULT_DROP, result), sender, claims
                 )
             scope = InstrumentationScope.FromString(scope_bytes)
             rid, blob = resource_key(resource, scope.name[:MAX_SCOPE_NAME])

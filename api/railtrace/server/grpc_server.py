@@ -19,7 +19,7 @@ from railtrace.ingest import Outcome
 from railtrace.otlp.export import PROTOBUF
 from railtrace.server.runtime import Runtime
 from railtrace.server.security import TokenInterceptor, grpc_credentials
-from railtrace.server.senders import FORWARDED_HEADER, grpc_peer_host, sender_address
+from railtrace.server.senders import FORWARDED_HEADER, grpc_peer_host, sender_of
 
 SERVICE_NAME = "opentelemetry.proto.collector.trace.v1.TraceService"
 
@@ -50,8 +50,9 @@ class TraceService:
         accepted = exports.behind("grpc")
         if accepted is None:
             forwarded = [v for k, v in context.invocation_metadata() or () if k == FORWARDED_HEADER]
-            sender = sender_address(grpc_peer_host(context.peer()), forwarded, self.rt.trusted_proxies)
-            accepted = exports.accept_blocking("grpc", request, PROTOBUF, sender)
+            peer = grpc_peer_host(context.peer())
+            sender = sender_of(peer, forwarded, self.rt.trusted_proxies, self.rt.trusted_collectors)
+            accepted = exports.accept_blocking("grpc", request, PROTOBUF, sender.address, sender.claims)
         outcome = accepted.outcome
         if outcome is Outcome.INVALID:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, accepted.message)

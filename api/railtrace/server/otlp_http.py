@@ -24,7 +24,7 @@ from railtrace.otlp import PayloadError
 from railtrace.otlp.decode import TooLarge, inflate_bounded
 from railtrace.otlp.export import JSON, PROTOBUF
 from railtrace.server.deps import RuntimeDep
-from railtrace.server.senders import FORWARDED_HEADER, sender_address
+from railtrace.server.senders import FORWARDED_HEADER, sender_of
 
 ENCODINGS = ("", "identity", "gzip", "x-gzip", "deflate")
 
@@ -108,10 +108,11 @@ async def export_traces(request: Request, rt: RuntimeDep) -> Response:
     if over:
         metrics.export_done("http", "too_large")
         return _too_large_and_close(limit, as_json) if received > rt.settings.max_drain_bytes else too_large
-    sender = sender_address(
+    sender = sender_of(
         request.client.host if request.client else None,
         request.headers.getlist(FORWARDED_HEADER),
         rt.trusted_proxies,
+        rt.trusted_collectors,
     )
     # Only the rows stay while the export waits for its commit: the body, read and inflated,
     # would otherwise be held twice per queued export (found by the memory figures of
@@ -129,7 +130,7 @@ async def export_traces(request: Request, rt: RuntimeDep) -> Response:
     else:
         raw = bytes(body)
     del body
-    batch = await rt.exports.rows_of("http", raw, media, sender)
+    batch = await rt.exports.rows_of("http", raw, media, sender.address, sender.claims)
     del raw
     if isinstance(batch, Accepted):
         return _answer(batch, as_json, retry)

@@ -162,6 +162,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         ("tls_key", "tls_key"),
         ("cors_origin", "cors_origins"),
         ("trusted_proxy", "trusted_proxies"),
+        ("trusted_collector", "trusted_collectors"),
     ):
         value = getattr(args, arg, None)
         if value is not None:

@@ -39,6 +39,7 @@ class Runtime:
         self.metrics = Metrics()
         self.content_filter = content_filter(settings.drop_attributes)
         self.trusted_proxies = trusted_networks(settings.trusted_proxies)
+        self.trusted_collectors = trusted_networks(settings.trusted_collectors)
         self.engine = make_engine(settings.db)
         self.store = Store(self.engine, max_spans_per_trace=settings.max_spans_per_trace)
         self.writer = BulkWriter(

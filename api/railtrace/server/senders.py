@@ -1,8 +1,9 @@
 """Who sent an OTLP export: the peer address of the HTTP or gRPC connection, or the client a
-trusted proxy (an OTel collector, a load balancer) names in `X-Forwarded-For`.
+trusted proxy (an OTel collector, a load balancer) names in `X-Forwarded-For`; and whether
+that sender is a trusted collector, whose `k8s.*` claims (its k8sattributes) are believed.
 
-Identity resolution matches it against the pod IPs of the topology, because real engines do
-not say which pod they are (vLLM's resource has no `k8s.*`; docs/normalisation.md,
+Identity resolution matches the address against the pod IPs of the topology, because real
+engines do not say which pod they are (vLLM's resource has no `k8s.*`; docs/normalisation.md,
 "Identity"). Loopback and unparseable addresses give None: no pod has them.
 """
 
@@ -10,6 +11,9 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+from railtrace_tracing.semconv import CLAIMS_COLLECTOR, CLAIMS_SENDER
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 FORWARDED_HEADER = "x-forwarded-for"
@@ -45,12 +49,28 @@ def grpc_peer_host(peer: str | None) -> str | None:
     return None
 
 
-def sender_address(peer: str | None, forwarded: Sequence[str], trusted: tuple[Network, ...]) -> str | None:
+@dataclass(frozen=True, slots=True)
+class Sender:
+    """The sender the network shows (None: loopback or unknown) and who vouches for the
+    `k8s.pod.name` / `k8s.pod.ip` its resources claim (`semconv.RES_OTLP_CLAIMS`)."""
+
+    address: str | None
+    claims: str
+
+
+def sender_of(
+    peer: str | None,
+    forwarded: Sequence[str],
+    trusted: tuple[Network, ...],
+    collectors: tuple[Network, ...] = (),
+) -> Sender:
     """The sender to record: the peer itself, or -- only when the peer is a trusted proxy --
-    the right-most address of `X-Forwarded-For` that is not itself a trusted proxy."""
+    the right-most address of `X-Forwarded-For` that is not itself a trusted proxy. Its claims
+    are a trusted collector's when that sender (loopback included: a collector beside the
+    service) is in `collectors`; anyone else's claims are its own word."""
     ip = _ip(peer)
     if ip is None:
-        return None
+        return Sender(None, CLAIMS_SENDER)
     if trusted and forwarded and any(ip in net for net in trusted):
         hops = [h for value in forwarded for h in value.split(",") if h.strip()]
         for hop in reversed(hops):
@@ -60,4 +80,10 @@ def sender_address(peer: str | None, forwarded: Sequence[str], trusted: tuple[Ne
             if not any(candidate in net for net in trusted):
                 ip = candidate
                 break
-    return None if ip.is_loopback or ip.is_unspecified else str(ip)
+    claims = CLAIMS_COLLECTOR if any(ip in net for net in collectors) else CLAIMS_SENDER
+    return Sender(None if ip.is_loopback or ip.is_unspecified else str(ip), claims)
+
+
+def sender_address(peer: str | None, forwarded: Sequence[str], trusted: tuple[Network, ...]) -> str | None:
+    """The address `sender_of` records."""
+    return sender_of(peer, forwarded, trusted).address

@@ -318,8 +318,26 @@ async function requestPage(main, ident) {
       summary.complete ? "complete" : h("span", { class: "warn" }, "incomplete"), " · ",
       h("a", { href: `/api/v1/requests/${summary.trace_id}` }, "JSON")),
     flagsSection(summary),
+    ...[joinsSection(summary)].filter(Boolean),
     kvPathSection(summary, kvSpan),
     waterfallSection(summary, spans, trace));
+}
+
+// Spans carrying this request's ids that the join rules left out (`coverage.rejected`: a
+// sender that is not the hop it claims, a second candidate for a hop) or joined unverified.
+// Notes quote sender-chosen names and ids: text nodes only.
+function joinsSection(summary) {
+  const cov = summary.coverage || {};
+  const notes = (key) => (Array.isArray(cov[key]) ? cov[key].map(String) : []);
+  const rejected = notes("rejected");
+  const unverified = notes("unverified");
+  if (!rejected.length && !unverified.length) return null;
+  const list = (id, items) => h("ul", { class: "plain", id }, items.map((n) => h("li", { class: "evidence" }, n)));
+  return section(`Joins: ${rejected.length} rejected, ${unverified.length} unverified`,
+    h("p", { class: "muted" }, "Spans that carry this request's ids. Rejected ones do not count for it: their sender is not the hop they claim to be, or they contradict a verified one."),
+    rejected.length ? [h("h3", {}, "Rejected"), list("rejected", rejected)] : null,
+    unverified.length ? [h("h3", {}, "Joined, sender not verified"), list("unverified", unverified)] : null,
+    cov.notes_dropped ? h("p", { class: "muted" }, `and ${Number(cov.notes_dropped)} more notes`) : null);
 }
 
 function flagsSection(summary) {
