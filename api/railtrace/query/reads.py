@@ -49,23 +49,25 @@ def read_spans(
 
 def read_page(
     store: Store, trace_ids: list[str], after: Position | None, limit: int, budget: Budget
-) -> tuple[list[Span], Position | None]:
-    """Up to `limit` spans from position `after` (see `Store.load_spans_page`) and the position
-    of the rest (None: no more). A page the budget cut short ends early with its position;
-    `budget.spent` says why."""
+) -> tuple[list[Span], Position | None, bool]:
+    """Up to `limit` spans from position `after` (see `Store.load_spans_page`), the position of
+    the rest (None: no more), and whether the budget cut the page short (`budget.spent` says
+    why; the position then is where to go on, `after` itself if nothing was read)."""
     out: list[Span] = []
     seen: set[tuple[str, str]] = set()
     pos = after
-    while len(out) < limit and budget.left():
-        page, nxt = store.load_spans_page(trace_ids, pos, min(PAGE_SPANS, limit - len(out)))
+    cut = False
+    while len(out) < limit:
+        if not budget.left():
+            cut = True
+            break
+        page, pos = store.load_spans_page(trace_ids, pos, min(PAGE_SPANS, limit - len(out)))
         budget.take(len(page))
         _add_new(out, seen, page)
-        if nxt is None:
-            out.sort(key=SPAN_ORDER)
-            return out, None
-        pos = nxt
+        if pos is None:
+            break
     out.sort(key=SPAN_ORDER)
-    return out, pos
+    return out, pos, cut
 
 
 def _add_new(out: list[Span], seen: set[tuple[str, str]], page: list[Span]) -> None:

@@ -57,8 +57,7 @@ def _load(
     trace_ids.add(trace_id)
     ordered = sorted(trace_ids)
     after = decode_cursor(cursor, ordered) if cursor else None
-    spans, pos = read_page(rt.store, ordered, after, limit, budget)
-    cut = budget.spent is not None and pos is not None
+    spans, pos, cut = read_page(rt.store, ordered, after, limit, budget)
     if cut and not spans:
         raise QueryUnavailable(f"no span of trace {trace_id} read: {budget.spent}")
     if not spans and summary is None and after is None:
