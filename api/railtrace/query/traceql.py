@@ -26,7 +26,9 @@ TOKEN = re.compile(
 )
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)$")
 NUMBER = re.compile(r"-?\d+(\.\d+)?")
-LOGFMT = re.compile(r'([^\s=]+)=("(?:[^"\\]|\\.)*"|\S+)')
+# `key=value` or, skipped, any other run of non-space: matched at successive positions, so the
+# whole `tags=` parameter is read in linear time (a search at every offset is quadratic).
+LOGFMT = re.compile(r'\s*(?:([^\s=]+)=("(?:[^"\\]|\\.)*"|\S+)|\S+)')
 UNITS = {"ns": 1, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9, "m": 60e9, "h": 3600e9}
 INTRINSICS = ("name", "status", "duration", "kind", "traceDuration", "rootServiceName", "rootName")
 STATUS = {0: "unset", 1: "ok", 2: "error"}
@@ -167,7 +169,14 @@ def condition(name: str, op: str, raw: str, quoted: bool) -> Cond:
 def logfmt(tags: str) -> list[Cond]:
     """The legacy `tags=` parameter: `key=value key2="value two"`."""
     out = []
-    for m in LOGFMT.finditer(tags):
+    pos = 0
+    while pos < len(tags):
+        m = LOGFMT.match(tags, pos)
+        if m is None or m.end() == pos:  # only trailing space is left
+            break
+        pos = m.end()
+        if m.group(1) is None:
+            continue
         raw = m.group(2)
         try:
             value = orjson.loads(raw) if raw.startswith('"') else raw
