@@ -109,37 +109,30 @@ def traces_data(spans: list[Span], summary: dict[str, Any] | None, base_url: str
     return data
 
 
-def _load(rt: Runtime, trace_id: str, budget: Budget) -> tuple[list[Span], dict[str, Any] | None]:
-    summary = rt.store.get_request(trace_id)
-    ids = set(summary.get("trace_ids") or []) if summary else set()
-    ids.add(trace_id)
-    spans, _complete = read_spans(rt.store, ids, budget, (summary or {}).get("span_count"))
-    return spans, summary
-
-
 def _wants_protobuf(request: Request) -> bool:
     accept = request.headers.get("accept", "")
     return PROTOBUF in accept or "application/x-protobuf" in accept
 
 
-async def _trace(rt: Runtime, request: Request, trace_id: str, v2: bool) -> Response:
-    if not TRACE_ID.match(trace_id):
-        raise HTTPException(400, "trace id must be 32 hex digits")
-    budget = rt.queries.budget(rt.settings.trace_max_spans)
-    try:
-        spans, summary = await rt.queries.run(lambda b: _load(rt, trace_id.lower(), b), budget)
-    except QueryUnavailable as exc:
-        raise unavailable(exc) from None
+def _trace_answer(
+    rt: Runtime, trace_id: str, v2: bool, protobuf: bool, base_url: str, budget: Budget
+) -> Response:
+    """Read and encode on the query's thread: building a 10,000-span answer is CPU the event
+    loop (liveness, ingest) should not spend."""
+    summary = rt.store.get_request(trace_id)
+    ids = set(summary.get("trace_ids") or []) if summary else set()
+    ids.add(trace_id)
+    spans, complete = read_spans(rt.store, ids, budget, (summary or {}).get("span_count"))
     partial = None
-    if budget.spent is not None:
+    if not complete:
         if not spans:
-            raise unavailable(QueryUnavailable(f"trace {trace_id} not read: {budget.spent}"))
+            raise QueryUnavailable(f"trace {trace_id} not read: {budget.spent}")
         partial = f"trace cut short ({budget.spent}): {len(spans)} spans shown"
     if not spans:
         raise HTTPException(404, f"trace {trace_id} not found")
-    data = traces_data(spans, summary, str(request.base_url))
+    data = traces_data(spans, summary, base_url)
     headers = {PARTIAL_HEADER: partial} if partial else None
-    if _wants_protobuf(request):
+    if protobuf:
         body = data.SerializeToString()  # field 1: repeated ResourceSpans, as tempopb.Trace
         if v2:  # tempopb.TraceByIDResponse: field 1 is the Trace; 3 and 4 say it is partial
             body = b"\x0a" + _varint(len(body)) + body
@@ -152,6 +145,19 @@ async def _trace(rt: Runtime, request: Request, trace_id: str, v2: bool) -> Resp
     if v2 and partial:
         doc |= {"status": "PARTIAL", "message": partial}
     return Response(orjson.dumps(doc), media_type="application/json", headers=headers)
+
+
+async def _trace(rt: Runtime, request: Request, trace_id: str, v2: bool) -> Response:
+    if not TRACE_ID.match(trace_id):
+        raise HTTPException(400, "trace id must be 32 hex digits")
+    protobuf, base_url = _wants_protobuf(request), str(request.base_url)
+    try:
+        return await rt.queries.run(
+            lambda b: _trace_answer(rt, trace_id.lower(), v2, protobuf, base_url, b),
+            rt.queries.budget(rt.settings.trace_max_spans),
+        )
+    except QueryUnavailable as exc:
+        raise unavailable(exc) from None
 
 
 def _varint(n: int) -> bytes:
