@@ -255,14 +255,21 @@ def test_liveness_ingest_and_sigterm_while_heavy_searches_run(db_url: str, tmp_p
 
         wait_for(all_assembled, timeout=120, what="200 requests assembled")
 
+        in_flight: list[int] = []
+        lock = threading.Lock()
+
         def searcher(q: str) -> None:
             with httpx.Client(base_url=server.url, timeout=60) as client:
                 while not stop.is_set():
+                    with lock:
+                        in_flight.append(1)
                     try:
                         answer = str(client.get("/api/search", params={"q": q, "limit": 500}).status_code)
                     except httpx.HTTPError as exc:
                         answer = type(exc).__name__
-                    searches[answer] = searches.get(answer, 0) + 1
+                    with lock:
+                        in_flight.pop()
+                        searches[answer] = searches.get(answer, 0) + 1
 
         queries = [HOSTILE, '{ name = "nothing" }', '{ .llm_d.pd_proxy.connector =~ "x.*" }', HOSTILE]
         threads = [threading.Thread(target=searcher, args=(q,), daemon=True) for q in queries]
@@ -277,6 +284,7 @@ def test_liveness_ingest_and_sigterm_while_heavy_searches_run(db_url: str, tmp_p
         exporter.shutdown()
         assert set(searches) <= {"200", "503"}, searches  # 503: over the concurrency, retry
         # SIGTERM with searches in flight.
+        wait_for(lambda: len(in_flight) >= 2, what="searches in flight")
         sent = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
         try:
