@@ -143,6 +143,36 @@ class Settings(BaseSettings):
         "attributes are always dropped.",
     )
 
+    # Queries (searches and trace reads: the Tempo API, /api/v1/traces, /api/v1/requests).
+    query_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Time budget of one search or trace read, waiting for its turn included. A scan"
+        " that reaches it answers with what it found, marked partial; one that found nothing it can"
+        " answer with, or a database call still running 2 s past it, is answered 503.",
+    )
+    query_concurrency: int = Field(
+        4,
+        ge=1,
+        description="Searches and trace reads that run at once, each on a thread of its own; more wait"
+        " for a turn within their time budget, then get 503 with Retry-After.",
+    )
+    search_max_requests: int = Field(
+        2000, ge=1, description="Requests one Tempo search inspects at most; beyond it the answer is partial."
+    )
+    search_max_spans: int = Field(
+        200_000,
+        ge=1,
+        description="Spans one Tempo search (or tag-values lookup) reads at most; beyond it the answer is"
+        " partial.",
+    )
+    trace_max_spans: int = Field(
+        10_000,
+        ge=1,
+        description="Spans one trace read answers with at most: a Tempo trace by id beyond it is cut"
+        " short and marked partial; a page of /api/v1/traces ends there with a cursor to the rest.",
+    )
+
     # Storage.
     retention_hours: float = Field(0.0, description="Delete requests older than this; 0 keeps all.")
 

@@ -99,7 +99,11 @@ class Service:
     def stop(self) -> None:
         """Stop accepting, finish in-flight exports (they are answered after commit), close.
 
-        Each step is logged, so a stop that takes long shows which part it waits for."""
+        Each step is logged, so a stop that takes long shows which part it waits for. Queries
+        are told first: a search or trace read ends at its next budget check (or is given up
+        on, its daemon thread left behind), so none holds the HTTP server's stop."""
+        if self.runtime is not None:
+            self.runtime.queries.close()
         if self._grpc is not None:
             log.info("stopping: OTLP/gRPC")
             self._grpc.stop(grace=5).wait(10)

@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 from railtrace.ingest import BulkWriter, ExportAcceptor
 from railtrace.metrics import Metrics
 from railtrace.otlp.content import content_filter
+from railtrace.query.budget import QueryGate
 from railtrace.scheduling.assembler import Assembler, Pipeline, default_pipeline
 from railtrace.scheduling.workers import AssemblyWorkers, assembly_process_count
 from railtrace.server.senders import trusted_networks
@@ -58,6 +59,8 @@ class Runtime:
             max_spans_per_trace=settings.max_spans_per_trace,
             parse_inline_max_bytes=settings.parse_inline_max_bytes,
         )
+        # Searches and trace reads: their turns, budgets and stop (railtrace.query.budget).
+        self.queries = QueryGate(settings.query_concurrency, settings.query_timeout_s)
         self.topology_holder: Any = None
         self.topology_error: str | None = None
         self._live_topology: Any = None
@@ -200,6 +203,7 @@ class Runtime:
 
     def stop(self) -> None:
         """Commit what is queued, stop the loops, release the database."""
+        self.queries.close()
         if self._live_topology is not None:
             self._live_topology.stop()
         if self.assembler:

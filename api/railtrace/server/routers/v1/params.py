@@ -9,6 +9,8 @@ from typing import Annotated
 from fastapi import HTTPException
 from pydantic import WithJsonSchema
 
+from railtrace.query.budget import QueryUnavailable
+
 TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
 
 
@@ -43,3 +45,8 @@ def check_range(since: int | None, until: int | None) -> None:
 
 def bad_request(message: str) -> HTTPException:
     return HTTPException(status_code=400, detail=message)
+
+
+def unavailable(exc: QueryUnavailable) -> HTTPException:
+    """A query the service did not answer (stopping, busy, over its time budget): 503, retry."""
+    return HTTPException(status_code=503, detail=str(exc), headers={"Retry-After": str(exc.retry_after_s)})

@@ -7,8 +7,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Response
 from starlette.concurrency import run_in_threadpool
 
+from railtrace.query.budget import QueryUnavailable
 from railtrace.server.deps import RuntimeDep
-from railtrace.server.routers.v1.params import TimeParam, bad_request, to_ns
+from railtrace.server.routers.v1.params import TimeParam, bad_request, to_ns, unavailable
 from railtrace.store import Cursor, RequestQuery, StoreError
 from railtrace.store.queries import DEFAULT_LIMIT, MAX_LIMIT, RequestOrder
 from railtrace_tracing.semconv import FlagName, PathClass
@@ -58,7 +59,11 @@ async def list_requests(
         )
     except StoreError as exc:
         raise bad_request(str(exc)) from None
-    page = await run_in_threadpool(rt.store.list_requests, query)
+    # One indexed query of at most `limit` rows: its budget is the time one, enforced by the gate.
+    try:
+        page = await rt.queries.run(lambda _b: rt.store.list_requests(query), rt.queries.budget(limit))
+    except QueryUnavailable as exc:
+        raise unavailable(exc) from None
     return {"items": page.items, "next_cursor": page.next_cursor}
 
 

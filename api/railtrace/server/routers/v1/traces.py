@@ -1,5 +1,7 @@
 """`GET /api/v1/traces/{trace_id}`: the normalised spans of a request and its summary, a page
-at a time (`limit`, `cursor`), so a big trace is never loaded whole."""
+at a time (`limit`, `cursor`), so a big trace is never loaded whole. A page is read within the
+query budget (railtrace.query.budget): one the budget cuts short ends early, with `limited`
+saying why and `next_cursor` to the rest."""
 
 from __future__ import annotations
 
@@ -10,10 +12,11 @@ from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, HTTPException, Query
-from starlette.concurrency import run_in_threadpool
 
+from railtrace.query.budget import Budget, QueryUnavailable
+from railtrace.query.reads import read_page
 from railtrace.server.deps import RuntimeDep
-from railtrace.server.routers.v1.params import TRACE_ID, bad_request
+from railtrace.server.routers.v1.params import TRACE_ID, bad_request, unavailable
 from railtrace.server.runtime import Runtime
 
 router = APIRouter(tags=["traces"])
@@ -46,13 +49,17 @@ def decode_cursor(token: str, trace_ids: list[str]) -> Position:
     return tid, chunk, skip
 
 
-def _load(rt: Runtime, trace_id: str, cursor: str | None, limit: int) -> dict[str, Any] | None:
+def _load(
+    rt: Runtime, trace_id: str, cursor: str | None, limit: int, budget: Budget
+) -> dict[str, Any] | None:
     summary = rt.store.get_request(trace_id)
     trace_ids = set(summary.get("trace_ids") or []) if summary else set()
     trace_ids.add(trace_id)
     ordered = sorted(trace_ids)
     after = decode_cursor(cursor, ordered) if cursor else None
-    spans, pos = rt.store.load_spans_page(ordered, after, limit)
+    spans, pos, cut = read_page(rt.store, ordered, after, limit, budget)
+    if cut and not spans:
+        raise QueryUnavailable(f"no span of trace {trace_id} read: {budget.spent}")
     if not spans and summary is None and after is None:
         return None
     return {
@@ -62,6 +69,7 @@ def _load(rt: Runtime, trace_id: str, cursor: str | None, limit: int) -> dict[st
         "spans": [asdict(s) for s in spans],
         "truncated": pos is not None,
         "next_cursor": encode_cursor(pos) if pos is not None else None,
+        "limited": f"page cut short: {budget.spent}" if cut else None,
     }
 
 
@@ -76,7 +84,12 @@ async def get_trace(
 ) -> dict[str, Any]:
     if not TRACE_ID.match(trace_id):
         raise bad_request("trace_id must be 32 hex digits")
-    found = await run_in_threadpool(_load, rt, trace_id.lower(), cursor, limit)
+    # A page is at most `trace_max_spans` long, whatever `limit` asks.
+    budget = rt.queries.budget(min(limit, rt.settings.trace_max_spans))
+    try:
+        found = await rt.queries.run(lambda b: _load(rt, trace_id.lower(), cursor, b.max_rows, b), budget)
+    except QueryUnavailable as exc:
+        raise unavailable(exc) from None
     if found is None:
         raise HTTPException(404, f"no trace {trace_id}")
     return found
