@@ -135,6 +135,28 @@ class Settings(BaseSettings):
     )
     body_timeout_s: float = Field(30.0, description="An export's body must arrive within this, else 408.")
 
+    # Metrics (docs/deploy.md, "Metrics").
+    metrics_token: str | None = Field(
+        None, description="Bearer token Prometheus must send for /metrics; unset: /metrics is open."
+    )
+    metrics_label_values: int = Field(
+        50,
+        ge=0,
+        description="Per bounded label set (models, nodes, NICs): how many values not listed and not in"
+        " the topology get series of their own, first seen first; later ones are counted as `other`.",
+    )
+    metrics_models: list[str] = Field(
+        default_factory=list,
+        description="Model names that always get series of their own (JSON list), beyond"
+        " metrics_label_values.",
+    )
+    metrics_max_series: int = Field(
+        400,
+        ge=1,
+        description="Most series of one metric family; past it, new label sets count their"
+        " sender-chosen values (model, node, NIC) as `other`.",
+    )
+
     # Privacy.
     drop_attributes: list[str] | None = Field(
         None,

@@ -81,8 +81,13 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
             allow_methods=["GET", "POST"],
             allow_headers=["authorization", "content-type", "content-encoding"],
         )
-    if settings.ingest_token or settings.api_token:
-        app.add_middleware(AccessMiddleware, ingest_token=settings.ingest_token, api_token=settings.api_token)
+    if settings.ingest_token or settings.api_token or settings.metrics_token:
+        app.add_middleware(
+            AccessMiddleware,
+            ingest_token=settings.ingest_token,
+            api_token=settings.api_token,
+            metrics_token=settings.metrics_token,
+        )
     app.include_router(otlp_http.router, responses=OTLP_RESPONSES)
     app.include_router(health.router)
     app.include_router(api_v1.router, responses=API_RESPONSES)

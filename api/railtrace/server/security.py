@@ -2,9 +2,9 @@
 export may carry is the OTLP codec's concern: `railtrace.otlp.content`.)
 
 Tokens are optional and separate: one for OTLP ingest (`POST /v1/traces`, gRPC `Export`),
-one for the query API (`/api/...`). Liveness, readiness, `/metrics` and the OpenAPI
-description stay open so probes and Prometheus work without secrets. Tokens are compared
-in constant time.
+one for the query API (`/api/...`), one for Prometheus (`/metrics`; unset by default, so an
+existing scrape keeps working). Liveness, readiness and the OpenAPI description stay open so
+probes work without secrets. Tokens are compared in constant time.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 INGEST_PATHS = ("/v1/traces",)
 API_PREFIX = "/api/"
+METRICS_PATH = "/metrics"
 
 
 def token_ok(header: str | None, token: str | None) -> bool:
@@ -37,18 +38,23 @@ def token_ok(header: str | None, token: str | None) -> bool:
 
 
 class AccessMiddleware:
-    """ASGI middleware: 401 for ingest or API calls without the right bearer token."""
+    """ASGI middleware: 401 for ingest, API or metrics calls without the right bearer token."""
 
-    def __init__(self, app: ASGIApp, ingest_token: str | None, api_token: str | None) -> None:
+    def __init__(
+        self, app: ASGIApp, ingest_token: str | None, api_token: str | None, metrics_token: str | None = None
+    ) -> None:
         self.app = app
         self.ingest_token = ingest_token or None
         self.api_token = api_token or None
+        self.metrics_token = metrics_token or None
 
     def _token_for(self, path: str) -> str | None:
         if path in INGEST_PATHS:
             return self.ingest_token
         if path.startswith(API_PREFIX):
             return self.api_token
+        if path == METRICS_PATH:
+            return self.metrics_token
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
