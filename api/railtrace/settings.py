@@ -100,6 +100,11 @@ class Settings(BaseSettings):
     tls_cert: str | None = Field(None, description="PEM certificate (chain) for TLS on HTTP and gRPC.")
     tls_key: str | None = Field(None, description="PEM private key of tls_cert.")
     cors_origins: list[str] = Field(default_factory=list, description="CORS allow-list; empty: CORS off.")
+    api_docs: bool = Field(
+        False,
+        description="Serve FastAPI's /docs (Swagger UI) and /redoc. They load scripts from a public"
+        " CDN (cdn.jsdelivr.net) without integrity checks; /openapi.json is served either way.",
+    )
     trusted_proxies: list[str] = Field(
         default_factory=list,
         description="Addresses/CIDRs of proxies (e.g. an OTel collector) whose X-Forwarded-For header "
