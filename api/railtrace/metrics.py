@@ -231,7 +231,8 @@ class _Family:
         if zero_series and not self.labelnames:  # as prometheus_client: exposed from the start
             self.series[()] = self._new()
 
-    def _new(self) -> list[Any]:
+    def _new(self, now: float | None = None) -> list[Any]:
+        """An empty series, created `now` (default: the clock now)."""
         raise NotImplementedError
 
     def bound_key(self, key: tuple[str, ...]) -> tuple[str, ...]:
@@ -243,10 +244,11 @@ class _Family:
             out[i] = bound(out[i])
         return tuple(out)
 
-    def create(self, key: tuple[str, ...]) -> list[Any]:
-        """A new series for `key` (not in `series`); the caller holds the lock. At
-        `max_series`, the label set's sender-chosen values (all of them, in a family without
-        such labels) fold into `other`, so the family stops growing and nothing is lost."""
+    def create(self, key: tuple[str, ...], now: float | None = None) -> list[Any]:
+        """The series to count `key` in, which has none yet; the caller holds the lock. A new
+        one (created `now`), except at `max_series`: then the label set's sender-chosen values
+        (all of them, in a family without such labels) fold into `other`, whose series may
+        exist already, so the family stops growing and nothing is lost."""
         if self._max_series is not None and len(self.series) >= self._max_series:
             folded = list(key)
             for i in self._fold_positions:
@@ -255,7 +257,7 @@ class _Family:
             s = self.series.get(key)
             if s is not None:
                 return s
-        s = self.series[key] = self._new()
+        s = self.series[key] = self._new(now)
         return s
 
     def labels(self, *values: Any) -> _Series:
@@ -303,8 +305,8 @@ class Counter(_Family):
         super().__init__(metric, lock, zero_series, **kw)
         self._base = self.name[:-6] if self.name.endswith("_total") else self.name
 
-    def _new(self) -> list[Any]:
-        return [0.0, None, time.time()]
+    def _new(self, now: float | None = None) -> list[Any]:
+        return [0.0, None, time.time() if now is None else now]
 
     def _metric(self) -> Metric:
         return Metric(self._base, self.documentation, self.type)
@@ -335,8 +337,7 @@ class Counter(_Family):
             key = self.bound_key(raw)
             s = mine.get(key)
             if s is None:
-                s = self.create(key)
-                s[2] = now
+                s = self.create(key, now)
             s[0] += value
             if ex is not None and (s[1] is None or ex[2] >= s[1][2]):
                 s[1] = ex
@@ -355,9 +356,9 @@ class Histogram(_Family):
         self._le = tuple(floatToGoString(b) for b in bounds)
         super().__init__(metric, lock, zero_series, **kw)
 
-    def _new(self) -> list[Any]:
+    def _new(self, now: float | None = None) -> list[Any]:
         n = len(self.bounds)
-        return [[0] * n, [None] * n, 0.0, time.time()]
+        return [[0] * n, [None] * n, 0.0, time.time() if now is None else now]
 
     def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
         self._observe(self._key(), amount, exemplar)
@@ -406,8 +407,7 @@ class Histogram(_Family):
             key = self.bound_key(raw)
             s = mine.get(key)
             if s is None:
-                s = self.create(key)
-                s[3] = now
+                s = self.create(key, now)
             s[0] = list(map(add, s[0], counts))
             s[2] += total
             latest = s[1]
@@ -419,7 +419,7 @@ class Histogram(_Family):
 class Gauge(_Family):
     type = "gauge"
 
-    def _new(self) -> list[Any]:
+    def _new(self, now: float | None = None) -> list[Any]:
         return [0.0]
 
     def set(self, value: float) -> None:

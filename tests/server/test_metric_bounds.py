@@ -179,3 +179,23 @@ def test_settings_defaults_are_the_limits_defaults() -> None:
     limits = metric_limits(Settings(db="sqlite://"))
     assert (limits.label_values, limits.max_series) == (DEFAULT_LABEL_VALUES, DEFAULT_MAX_SERIES)
     assert metric_limits(Settings(db="sqlite://", metrics_models=["a", "b"])).allowed["model"] == ("a", "b")
+
+
+def test_a_merge_into_a_folded_series_keeps_its_creation_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    clock = [1_800_000_000.0]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    parent = Metrics(limits=MetricLimits(max_series=3, known=lambda name, v: True))
+    for n in range(5):  # three series, then the fold into other
+        parent.request_assembled(summary(n), None)
+    family = parent[semconv.M_PAIRINGS]
+    folded = (OTHER, OTHER, "rack")
+    born = family.series[folded][2]
+    clock[0] += 100
+    child = RecordedMetrics()
+    for n in range(5, 9):
+        child.request_assembled(summary(n), None)
+    parent.merge(child.take())
+    assert family.series[folded][2] == born and family.series[folded][0] == 6
+    assert len(family.series) == 4
