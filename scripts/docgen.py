@@ -51,6 +51,15 @@ def render() -> str:
     out += ["", "## Metrics", "", "| name | type | labels | description |", "|---|---|---|---|"]
     for m in sc.METRICS:
         out.append(f"| `{m.name}` | {m.type} | {', '.join(m.labels)} | {_cell(m.description)} |")
+    bounded = ", ".join(f"`{label}`" for label in sc.BOUNDED_LABELS)
+    out += [
+        "",
+        f"Labels whose values are not from a fixed set ({bounded}: senders choose models, nodes"
+        " and NICs) are bounded: values listed in the settings or"
+        " known to the topology, then the first `metrics_label_values` others seen, get series of their"
+        f" own; the rest are counted under `{sc.LABEL_OTHER}`, and a family holds at most"
+        ' `metrics_max_series` series (docs/deploy.md, "Metrics").',
+    ]
     out += ["", "## Environment variables (shims)", "", "| variable | meaning |", "|---|---|"]
     out += [f"| `{k}` | {_cell(v)} |" for k, v in sc.ENV_VARS.items()]
     return "\n".join(out) + "\n"

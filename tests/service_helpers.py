@@ -266,3 +266,38 @@ def metric_sum(svc: Service, name: str) -> float:
             if head == name or head.startswith(name + "{"):
                 total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def flood_export(first: int, count: int) -> ExportTraceServiceRequest:
+    """An export of requests `first`..`first + count - 1`, each with its own model, pods, nodes."""
+    req = ExportTraceServiceRequest()
+    for n in range(first, first + count):
+        scopes = {}
+        for proc, (service, pod, node) in PROCESSES.items():
+            rs = req.resource_spans.add()
+            rs.resource.attributes.extend(
+                [
+                    kv("service.name", service),
+                    kv("k8s.pod.name", f"{pod}-{n}"),
+                    kv("k8s.node.name", f"{node}-{n}"),
+                    kv("k8s.namespace.name", "llm-d"),
+                ]
+            )
+            ss = rs.scope_spans.add()
+            ss.scope.name = "railtrace.test"
+            scopes[proc] = ss
+        for proc, sp in pd_spans(n):
+            pb = scopes[proc].spans.add()
+            pb.trace_id = bytes.fromhex(trace_id(n))
+            pb.span_id = bytes.fromhex(span_id(n, sp["i"]))
+            if sp["parent"]:
+                pb.parent_span_id = bytes.fromhex(sp["parent"])
+            pb.name = sp["name"]
+            pb.kind = PbSpan.SPAN_KIND_SERVER if not pb.parent_span_id else PbSpan.SPAN_KIND_INTERNAL
+            pb.start_time_unix_nano = T0 + n * 10**6 + sp["start"]
+            pb.end_time_unix_nano = T0 + n * 10**6 + sp["end"]
+            attrs = dict(sp["attrs"])
+            if "gen_ai.request.model" in attrs:
+                attrs["gen_ai.request.model"] = f"flood-model-{n}"
+            pb.attributes.extend(kv(k, v) for k, v in attrs.items())
+    return req

@@ -14,6 +14,15 @@ exactly the samples prometheus_client's own would (`_total`/`_created`, `_bucket
 data, an assembly process can hand over what it counted as a delta (`take`, in
 `railtrace.scheduling.workers`) and the serve process adds it in (`merge`) instead of replaying
 each observation.
+
+Label values a sender chooses (a model name, the nodes and NICs its spans claim; semconv's
+`BOUNDED_LABELS`) are bounded, so that a sender naming a new model per request cannot grow
+`/metrics` and the service's memory without end: `LabelBound` gives a value a series of its own
+when it is listed in the settings, known to the topology, or among the first
+`metrics_label_values` others seen, and counts the rest under `other`; and no family holds more
+than `metrics_max_series` series (past it, new label sets fold their sender-chosen values into
+`other`). Both are decided when a series is created, never per observation, and a series never
+moves: counters stay monotonic and every observation is counted somewhere, so totals add up.
 """
 
 from __future__ import annotations
@@ -21,6 +30,8 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from operator import add
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +50,7 @@ from railtrace_tracing import semconv
 
 if TYPE_CHECKING:
     from railtrace.model import RequestSummary
+    from railtrace.settings import Settings
 
 # prometheus_client's default buckets, for a histogram the registry gives none.
 DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -72,11 +84,115 @@ def _exposed(state: ExemplarState | None) -> Exemplar | None:
     return None if state is None else Exemplar(state[0], state[1], state[2])
 
 
-def _inc(series: dict[tuple[str, ...], list[Any]], key: tuple[str, ...], amount: float, ex: Any) -> None:
+OTHER = semconv.LABEL_OTHER
+# Defaults of the settings `metrics_label_values` and `metrics_max_series`.
+DEFAULT_LABEL_VALUES = 50
+DEFAULT_MAX_SERIES = 400
+# Exception types counted apart in the assembly-failure metric (they come from the code, not
+# from senders; the bound only keeps an unforeseen variety from growing the family).
+ERROR_KINDS = 20
+
+# Whether the topology knows a value of a bounded label's set: (set, value) -> bool.
+KnownValue = Callable[[str, str], bool]
+
+
+class LabelBound:
+    """Which values of one set of a bounded label (models, nodes, NICs) get series of their own.
+
+    A value keeps its own series if it is listed (`allowed`), known (`known`, the topology), or
+    among the first `limit` other values seen; any other value is counted under `other`. Once a
+    value has its own series it keeps it for the life of the process, so a series never
+    changes meaning and its counters stay monotonic. `limit=None`: every value (an assembly
+    child, whose counts the serve process bounds when it adds them in). The caller holds the
+    lock of `Metrics`.
+    """
+
+    __slots__ = ("_known", "limit", "name", "own", "seen")
+
+    def __init__(
+        self, name: str, limit: int | None, allowed: Iterable[str] = (), known: KnownValue | None = None
+    ) -> None:
+        self.name = name
+        self.limit = limit
+        self._known = known
+        # Values with series of their own, each mapped to itself: on the hot path a caller
+        # tries `own.get(value) or bound(value)`, a dict lookup instead of a call.
+        self.own: dict[str, str] = {v: v for v in allowed}
+        self.own[""] = ""  # "no value" is one fixed value, not a sender's choice
+        self.own[OTHER] = OTHER
+        self.seen = 0  # values admitted by first sight
+
+    def __call__(self, value: str) -> str:
+        own = self.own.get(value)
+        if own is not None:
+            return own
+        if self.limit is None:
+            return value
+        if self._known is not None and self._known(self.name, value):
+            self.own[value] = value
+            return value
+        if self.seen < self.limit:
+            self.seen += 1
+            self.own[value] = value
+            return value
+        return OTHER  # not remembered: a later topology may still know it
+
+
+@dataclass(frozen=True, slots=True)
+class MetricLimits:
+    """How far sender-chosen label values may grow `/metrics` (settings `metrics_*`)."""
+
+    label_values: int | None = DEFAULT_LABEL_VALUES
+    max_series: int | None = DEFAULT_MAX_SERIES
+    allowed: dict[str, tuple[str, ...]] = field(default_factory=dict)  # set name -> listed values
+    known: KnownValue | None = None
+
+    @classmethod
+    def unbounded(cls) -> MetricLimits:
+        return cls(label_values=None, max_series=None)
+
+    def bound(self, name: str) -> LabelBound:
+        limit = self.label_values
+        if name == "error" and limit is not None:
+            limit = min(limit, ERROR_KINDS)
+        return LabelBound(name, limit, self.allowed.get(name, ()), self.known)
+
+
+def metric_limits(settings: Settings, known: KnownValue | None = None) -> MetricLimits:
+    """The limits the settings ask for; `known` says which nodes and NICs the topology has."""
+    return MetricLimits(
+        label_values=settings.metrics_label_values,
+        max_series=settings.metrics_max_series,
+        allowed={"model": tuple(settings.metrics_models)},
+        known=known,
+    )
+
+
+class TopologyLabels:
+    """`KnownValue` from the current topology: its node names, and its NICs' names, RDMA devices
+    and interfaces; rebuilt when the topology is replaced."""
+
+    def __init__(self, current: Callable[[], Any]) -> None:
+        self._current = current
+        self._topology: Any = None
+        self._names: dict[str, frozenset[str]] = {}
+
+    def __call__(self, name: str, value: str) -> bool:
+        topology = self._current()
+        if topology is None:
+            return False
+        if topology is not self._topology:
+            nics = {n for nic in topology.nics for n in (nic.name, nic.rdma_device, nic.if_name) if n}
+            self._names = {"node": frozenset(topology.nodes), "nic": frozenset(nics)}
+            self._topology = topology
+        return value in self._names.get(name, ())
+
+
+def _inc(family: _Family, key: tuple[str, ...], amount: float, ex: Any) -> None:
     """Add to a counter series (created on first use); the caller holds the lock."""
-    s = series.get(key)
+    s = family.series.get(key)
     if s is None:
-        s = series[key] = [0.0, None, time.time()]
+        s = family.create(key)
     s[0] += amount
     if ex is not None:
         s[1] = ex
@@ -87,7 +203,14 @@ class _Family:
 
     type = ""
 
-    def __init__(self, metric: semconv.Metric, lock: threading.Lock, zero_series: bool) -> None:
+    def __init__(
+        self,
+        metric: semconv.Metric,
+        lock: threading.Lock,
+        zero_series: bool,
+        bounds: dict[str, LabelBound] | None = None,
+        max_series: int | None = None,
+    ) -> None:
         self.name = metric.name
         self.labelnames = metric.labels
         self.documentation = metric.description
@@ -95,11 +218,47 @@ class _Family:
         self._lock = lock
         self._zero_series = zero_series
         self._handles: dict[tuple[Any, ...], _Series] = {}
+        sets = bounds or {}
+        # (position, bound) of each label whose values a sender chooses.
+        self._bounds = tuple(
+            (i, sets[semconv.BOUNDED_LABELS[label]])
+            for i, label in enumerate(self.labelnames)
+            if semconv.BOUNDED_LABELS.get(label) in sets
+        )
+        self._max_series = max_series if self.labelnames else None
+        open_positions = {i for i, _ in self._bounds} or set(range(len(self.labelnames)))
+        self._fold_positions = tuple(sorted(open_positions))
         if zero_series and not self.labelnames:  # as prometheus_client: exposed from the start
             self.series[()] = self._new()
 
-    def _new(self) -> list[Any]:
+    def _new(self, now: float | None = None) -> list[Any]:
+        """An empty series, created `now` (default: the clock now)."""
         raise NotImplementedError
+
+    def bound_key(self, key: tuple[str, ...]) -> tuple[str, ...]:
+        """`key` with each sender-chosen value bounded (`LabelBound`); the caller holds the lock."""
+        if not self._bounds:
+            return key
+        out = list(key)
+        for i, bound in self._bounds:
+            out[i] = bound(out[i])
+        return tuple(out)
+
+    def create(self, key: tuple[str, ...], now: float | None = None) -> list[Any]:
+        """The series to count `key` in, which has none yet; the caller holds the lock. A new
+        one (created `now`), except at `max_series`: then the label set's sender-chosen values
+        (all of them, in a family without such labels) fold into `other`, whose series may
+        exist already, so the family stops growing and nothing is lost."""
+        if self._max_series is not None and len(self.series) >= self._max_series:
+            folded = list(key)
+            for i in self._fold_positions:
+                folded[i] = OTHER
+            key = tuple(folded)
+            s = self.series.get(key)
+            if s is not None:
+                return s
+        s = self.series[key] = self._new(now)
+        return s
 
     def labels(self, *values: Any) -> _Series:
         """The series of these label values (a cached handle; the series itself is looked up
@@ -110,11 +269,10 @@ class _Family:
                 raise ValueError(f"No label names were set when constructing {self.name}")
             if len(values) != len(self.labelnames):
                 raise ValueError(f"Incorrect label count for {self.name}")
-            key = tuple(str(v) for v in values)
-            if self._zero_series:  # prometheus_client exposes a series from its first lookup
-                with self._lock:
-                    if key not in self.series:
-                        self.series[key] = self._new()
+            with self._lock:
+                key = self.bound_key(tuple(str(v) for v in values))
+                if self._zero_series and key not in self.series:  # as prometheus_client
+                    self.create(key)
             handle = self._handles[values] = _Series(self, key)
         return handle
 
@@ -143,12 +301,12 @@ class _Family:
 class Counter(_Family):
     type = "counter"
 
-    def __init__(self, metric: semconv.Metric, lock: threading.Lock, zero_series: bool) -> None:
-        super().__init__(metric, lock, zero_series)
+    def __init__(self, metric: semconv.Metric, lock: threading.Lock, zero_series: bool, **kw: Any) -> None:
+        super().__init__(metric, lock, zero_series, **kw)
         self._base = self.name[:-6] if self.name.endswith("_total") else self.name
 
-    def _new(self) -> list[Any]:
-        return [0.0, None, time.time()]
+    def _new(self, now: float | None = None) -> list[Any]:
+        return [0.0, None, time.time() if now is None else now]
 
     def _metric(self) -> Metric:
         return Metric(self._base, self.documentation, self.type)
@@ -161,7 +319,7 @@ class Counter(_Family):
             raise ValueError("Counters can only be incremented by non-negative amounts.")
         ex = _exemplar(exemplar, amount)
         with self._lock:
-            _inc(self.series, key, amount, ex)
+            _inc(self, key, amount, ex)
 
     def collect(self) -> list[Metric]:
         metric, created = self._metric(), _created_series()
@@ -175,11 +333,11 @@ class Counter(_Family):
 
     def merge(self, series: dict[tuple[str, ...], list[Any]], now: float) -> None:
         mine = self.series
-        for key, (value, ex, _) in series.items():
+        for raw, (value, ex, _) in series.items():
+            key = self.bound_key(raw)
             s = mine.get(key)
             if s is None:
-                mine[key] = [value, ex, now]
-                continue
+                s = self.create(key, now)
             s[0] += value
             if ex is not None and (s[1] is None or ex[2] >= s[1][2]):
                 s[1] = ex
@@ -188,7 +346,7 @@ class Counter(_Family):
 class Histogram(_Family):
     type = "histogram"
 
-    def __init__(self, metric: semconv.Metric, lock: threading.Lock, zero_series: bool) -> None:
+    def __init__(self, metric: semconv.Metric, lock: threading.Lock, zero_series: bool, **kw: Any) -> None:
         bounds = [float(b) for b in metric.buckets or DEFAULT_BUCKETS]
         if bounds != sorted(bounds):
             raise ValueError(f"buckets of {metric.name} not in sorted order")
@@ -196,11 +354,11 @@ class Histogram(_Family):
             bounds.append(INF)
         self.bounds = tuple(bounds)
         self._le = tuple(floatToGoString(b) for b in bounds)
-        super().__init__(metric, lock, zero_series)
+        super().__init__(metric, lock, zero_series, **kw)
 
-    def _new(self) -> list[Any]:
+    def _new(self, now: float | None = None) -> list[Any]:
         n = len(self.bounds)
-        return [[0] * n, [None] * n, 0.0, time.time()]
+        return [[0] * n, [None] * n, 0.0, time.time() if now is None else now]
 
     def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
         self._observe(self._key(), amount, exemplar)
@@ -215,7 +373,7 @@ class Histogram(_Family):
         the sum and to no bucket."""
         s = self.series.get(key)
         if s is None:
-            s = self.series[key] = self._new()
+            s = self.create(key)
         s[2] += amount
         if amount == amount:
             i = bisect_left(self.bounds, amount)
@@ -245,11 +403,11 @@ class Histogram(_Family):
 
     def merge(self, series: dict[tuple[str, ...], list[Any]], now: float) -> None:
         mine = self.series
-        for key, (counts, exemplars, total, _) in series.items():
+        for raw, (counts, exemplars, total, _) in series.items():
+            key = self.bound_key(raw)
             s = mine.get(key)
             if s is None:
-                mine[key] = [list(counts), list(exemplars), total, now]
-                continue
+                s = self.create(key, now)
             s[0] = list(map(add, s[0], counts))
             s[2] += total
             latest = s[1]
@@ -261,7 +419,7 @@ class Histogram(_Family):
 class Gauge(_Family):
     type = "gauge"
 
-    def _new(self) -> list[Any]:
+    def _new(self, now: float | None = None) -> list[Any]:
         return [0.0]
 
     def set(self, value: float) -> None:
@@ -271,9 +429,8 @@ class Gauge(_Family):
         with self._lock:
             s = self.series.get(key)
             if s is None:
-                self.series[key] = [float(value)]
-            else:
-                s[0] = float(value)
+                s = self.create(key)
+            s[0] = float(value)
 
     def collect(self) -> list[Metric]:
         metric = self._metric()
@@ -282,8 +439,12 @@ class Gauge(_Family):
         return [metric]
 
     def merge(self, series: dict[tuple[str, ...], list[Any]], now: float) -> None:
-        for key, (value,) in series.items():
-            self.series[key] = [value]
+        for raw, (value,) in series.items():
+            key = self.bound_key(raw)
+            s = self.series.get(key)
+            if s is None:
+                s = self.create(key)
+            s[0] = value
 
 
 class _Series:
@@ -323,15 +484,25 @@ class Metrics:
     handed over as deltas, where a zero gauge would overwrite the receiver's value.
     """
 
-    def __init__(self, *, zero_series: bool = True) -> None:
+    def __init__(self, *, zero_series: bool = True, limits: MetricLimits | None = None) -> None:
         self._lock = threading.Lock()
         self.registry = CollectorRegistry(auto_describe=True)
         self.families: dict[str, Any] = {}
+        self.limits = limits = limits if limits is not None else MetricLimits()
+        self.bounds = {name: limits.bound(name) for name in set(semconv.BOUNDED_LABELS.values())}
         for m in semconv.METRICS:
             if m.type not in _TYPES:
                 raise ValueError(f"unknown metric type {m.type!r} for {m.name}")
-            family = self.families[m.name] = _TYPES[m.type](m, self._lock, zero_series)
+            family = self.families[m.name] = _TYPES[m.type](
+                m, self._lock, zero_series, bounds=self.bounds, max_series=limits.max_series
+            )
             self.registry.register(family)
+        # Per request: `own.get(value) or bound(value)`; unbounded (a child), `str` is the bound.
+        b = self.bounds
+        self._models, self._nodes, self._nics = b["model"].own, b["node"].own, b["nic"].own
+        self._model, self._node, self._nic = (
+            str if bound.limit is None else bound for bound in (b["model"], b["node"], b["nic"])
+        )
         f = self.families
         self._requests: Counter = f[semconv.M_REQUESTS]
         self._pairings: Counter = f[semconv.M_PAIRINGS]
@@ -348,6 +519,7 @@ class Metrics:
         self._spans_received: Counter = f[semconv.M_SPANS_RECEIVED]
         self._spans_rejected: Counter = f[semconv.M_SPANS_REJECTED]
         self._throttled: Counter = f[semconv.M_THROTTLED]
+        self._assembly_failures: Counter = f[semconv.M_ASSEMBLY_FAILURES]
 
     def __getitem__(self, name: str) -> Any:
         return self.families[name]
@@ -371,16 +543,21 @@ class Metrics:
 
     def export_done(self, protocol: str, outcome: str, committed: int = 0, rejected: int = 0) -> None:
         with self._lock:
-            _inc(self._exports.series, (protocol, outcome), 1, None)
+            _inc(self._exports, (protocol, outcome), 1, None)
             if committed:
-                _inc(self._spans_received.series, (protocol,), committed, None)
+                _inc(self._spans_received, (protocol,), committed, None)
             if rejected:
-                _inc(self._spans_rejected.series, ("invalid_span",), rejected, None)
+                _inc(self._spans_rejected, ("invalid_span",), rejected, None)
 
     def throttled(self, protocol: str) -> None:
         with self._lock:
-            _inc(self._throttled.series, (protocol,), 1, None)
-            _inc(self._exports.series, (protocol, "throttled"), 1, None)
+            _inc(self._throttled, (protocol,), 1, None)
+            _inc(self._exports, (protocol, "throttled"), 1, None)
+
+    def assembly_failed(self, stage: str, error: str, count: int = 1) -> None:
+        """Count assembly steps that raised (`semconv.AssemblyStage`, the exception type)."""
+        with self._lock:
+            _inc(self._assembly_failures, (_label(stage), self.bounds["error"](_label(error))), count, None)
 
     # -- assembly ------------------------------------------------------------------------------
 
@@ -434,26 +611,33 @@ class Metrics:
             now = time.time()
             one = (ex, 1, now)  # the exemplar of an increment by one
             if old is None:
-                _inc(self._requests.series, (path_class, _label(model)), 1, one)
+                value = _label(model)
+                _inc(self._requests, (path_class, self._models.get(value) or self._model(value)), 1, one)
                 resolution = resolution_label(resolved, identity)
-                _inc(self._resolution.series, (_label(recipe or "unknown"), _label(resolution)), 1, one)
+                _inc(self._resolution, (_label(recipe or "unknown"), _label(resolution)), 1, one)
                 if pre.get("node") or dec.get("node"):
+                    p_node, d_node = _label(pre.get("node")), _label(dec.get("node"))
                     key = (
-                        _label(pre.get("node")),
-                        _label(dec.get("node")),
+                        self._nodes.get(p_node) or self._node(p_node),
+                        self._nodes.get(d_node) or self._node(d_node),
                         _label(pairing_level or "unknown"),
                     )
-                    _inc(self._pairings.series, key, 1, one)
+                    _inc(self._pairings, key, 1, one)
             for name in flags:
-                _inc(self._flags.series, (_label(name), path_class), 1, one)
+                _inc(self._flags, (_label(name), path_class), 1, one)
             if kv and not (old is not None and old.get("kv_transfer")):
-                _inc(self._kv_transfers.series, (_label(transport or "unknown"), path_class), 1, one)
+                _inc(self._kv_transfers, (_label(transport or "unknown"), path_class), 1, one)
                 if isinstance(duration, _NUMBER) and duration >= 0:
                     self._kv_duration.add(by_class, duration, (ex, duration, now))
-                    node = (_label(dec.get("node")), _label(dec.get("nic")), path_class)
-                    _inc(self._kv_node_seconds.series, node, duration, None)
+                    d_node, nic = _label(dec.get("node")), _label(dec.get("nic"))
+                    node = (
+                        self._nodes.get(d_node) or self._node(d_node),
+                        self._nics.get(nic) or self._nic(nic),
+                        path_class,
+                    )
+                    _inc(self._kv_node_seconds, node, duration, None)
                     if isinstance(size, int) and size >= 0:
-                        _inc(self._kv_node_bytes.series, node, size, None)
+                        _inc(self._kv_node_bytes, node, size, None)
                         if duration > 0:
                             rate = size / duration
                             self._kv_bandwidth.add(by_class, rate, (ex, rate, now))
@@ -468,7 +652,7 @@ class Metrics:
                         stage_key = (_label(name), path_class)
                         s = series.get(stage_key)
                         if s is None:
-                            s = series[stage_key] = stage._new()
+                            s = stage.create(stage_key)
                         s[2] += seconds
                         i = bisect_left(bounds, seconds)
                         s[0][i] += 1

@@ -100,6 +100,11 @@ class Settings(BaseSettings):
     tls_cert: str | None = Field(None, description="PEM certificate (chain) for TLS on HTTP and gRPC.")
     tls_key: str | None = Field(None, description="PEM private key of tls_cert.")
     cors_origins: list[str] = Field(default_factory=list, description="CORS allow-list; empty: CORS off.")
+    api_docs: bool = Field(
+        False,
+        description="Serve FastAPI's /docs (Swagger UI) and /redoc. They load scripts from a public"
+        " CDN (cdn.jsdelivr.net) without integrity checks; /openapi.json is served either way.",
+    )
     trusted_proxies: list[str] = Field(
         default_factory=list,
         description="Addresses/CIDRs of proxies (e.g. an OTel collector) whose X-Forwarded-For header "
@@ -134,6 +139,28 @@ class Settings(BaseSettings):
         30.0, gt=0, description="An HTTP or gRPC connection with no request in progress is closed after this."
     )
     body_timeout_s: float = Field(30.0, description="An export's body must arrive within this, else 408.")
+
+    # Metrics (docs/deploy.md, "Metrics").
+    metrics_token: str | None = Field(
+        None, description="Bearer token Prometheus must send for /metrics; unset: /metrics is open."
+    )
+    metrics_label_values: int = Field(
+        50,
+        ge=0,
+        description="Per bounded label set (models, nodes, NICs): how many values not listed and not in"
+        " the topology get series of their own, first seen first; later ones are counted as `other`.",
+    )
+    metrics_models: list[str] = Field(
+        default_factory=list,
+        description="Model names that always get series of their own (JSON list), beyond"
+        " metrics_label_values.",
+    )
+    metrics_max_series: int = Field(
+        400,
+        ge=1,
+        description="Most series of one metric family; past it, new label sets count their"
+        " sender-chosen values (model, node, NIC) as `other`.",
+    )
 
     # Privacy.
     drop_attributes: list[str] | None = Field(

@@ -82,4 +82,5 @@ def test_release_end_to_end(db_url: str, fleet_dir: tuple[Path, Any], rel: Relea
         resolution = "otlp_peer+otlp_peer" if recipe == "full" else "unresolved"
         assert [(g["recipe"], g["resolution"], g["requests"]) for g in groups] == [(recipe, resolution, 1)]
         series = f'llm_d_tracing_leg_resolution_total{{recipe="{recipe}",resolution="{resolution}"}} 1.0'
-        assert series in httpx.get(f"{svc.http_url}/metrics").text.splitlines()
+        # Assembly children report their counts every few milliseconds after the summary is stored.
+        wait_for(lambda: series in httpx.get(f"{svc.http_url}/metrics").text.splitlines(), what=series)

@@ -726,6 +726,40 @@ M_CONTRACT = _metric(
     "Pods per topology-contract obligation and status.",
     ("obligation", "status"),
 )
+M_ASSEMBLY_FAILURES = _metric(
+    "llm_d_tracing_assembly_failures_total",
+    "counter",
+    "Assembly steps that raised and were skipped, by step (`AssemblyStage`) and exception type: a"
+    " request (or a span's join keys) left out instead of the round failing. Logged once per kind.",
+    ("stage", "error"),
+)
+
+
+class AssemblyStage(StrEnum):
+    """Where an assembly failure happened (`stage` of M_ASSEMBLY_FAILURES)."""
+
+    REQUEST_KEYS = "request_keys"  # a span's join keys (the span then joins by trace id only)
+    GROUP = "group"  # dedupe and stitching of a page's spans into requests (the page yields none)
+    BUILD = "build"  # one request's facts (that request yields no summary)
+    JUDGE = "judge"  # one request's verdicts (that request yields no summary)
+    ASSEMBLE = "assemble"  # a whole group, when the assembly function itself raised
+
+
+# Labels whose values are not from a fixed set: a sender chooses its model name and the nodes and
+# NICs its spans claim (and `error` is an exception type's name), each with the set of values it
+# draws from. The service bounds each set (railtrace.metrics.LabelBound):
+# values listed in the settings or known to the topology, then the first
+# `metrics_label_values` others seen, get series of their own; the rest are counted under
+# LABEL_OTHER. Every other label takes values from the code's own fixed sets.
+BOUNDED_LABELS: dict[str, str] = {
+    "model": "model",
+    "node": "node",
+    "prefill_node": "node",
+    "decode_node": "node",
+    "nic": "nic",
+    "error": "error",
+}
+LABEL_OTHER = "other"
 
 METRICS: tuple[Metric, ...] = tuple(_METRICS)
 METRICS_BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}

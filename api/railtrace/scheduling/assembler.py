@@ -22,12 +22,17 @@ from typing import Any
 
 from railtrace.metrics import Metrics
 from railtrace.model import RequestFacts, RequestSummary, Span
+from railtrace.scheduling.failures import AssemblyFailures
 from railtrace.scheduling.grouping import excess_notes, group_traces
 from railtrace.settings import Settings
 from railtrace.store import AssembledGroup, Store
 from railtrace_tracing import semconv
 
 log = logging.getLogger(__name__)
+
+
+def _ignore(stage: str, exc: BaseException) -> None:
+    """No one to tell (a pipeline not run by an `Assembler`)."""
 
 
 @dataclass(slots=True)
@@ -37,6 +42,9 @@ class Pipeline:
     request_keys: Callable[[Span], list[str]]
     assemble: Callable[..., list[RequestFacts]]
     judge: Callable[[RequestFacts], RequestSummary]
+    # Where the real assembly tells the steps it skipped because they raised
+    # (`railtrace.assembly.FailureSink`); the `Assembler` running the pipeline sets its own.
+    on_failure: Callable[[str, BaseException], None] = _ignore
 
 
 def default_pipeline(settings: Settings, topology: Callable[[], Any]) -> Pipeline:
@@ -48,7 +56,14 @@ def default_pipeline(settings: Settings, topology: Callable[[], Any]) -> Pipelin
     def judge(facts: RequestFacts) -> RequestSummary:
         return verdicts.judge(facts, topology(), config)
 
-    return Pipeline(assembly.request_keys, assembly.assemble, judge)
+    def request_keys(span: Span) -> list[str]:
+        return assembly.request_keys(span, pipeline.on_failure)
+
+    def assemble(spans: list[Span], now_ns: int | None = None) -> list[RequestFacts]:
+        return assembly.assemble(spans, now_ns, pipeline.on_failure)
+
+    pipeline = Pipeline(request_keys, assemble, judge)
+    return pipeline
 
 
 def verdict_config(settings: Settings) -> Any:
@@ -75,6 +90,9 @@ class Assembler:
         self.settings = settings
         self.metrics = metrics
         self.pipeline = pipeline
+        # Counted and logged once per kind: what assembly skipped because it raised.
+        self.failures = AssemblyFailures(metrics)
+        pipeline.on_failure = self.failures
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_gauge = 0.0
@@ -306,10 +324,15 @@ class Assembler:
             try:
                 facts = self.pipeline.assemble(members, now_ns=now)
                 _note_excess(facts, excess)
-                summaries = [self.pipeline.judge(f) for f in facts]
-            except Exception:  # leave this group without a summary, never retry it in a loop
-                log.exception("assembly failed for traces %s (%d spans)", sorted(g), len(members))
+            except Exception as exc:  # leave this group without a summary, never retry it in a loop
+                facts = []
+                self.failures(semconv.AssemblyStage.ASSEMBLE, exc)
                 self.metrics[semconv.M_SPANS_REJECTED].labels("assembly_failed").inc(len(members))
+            for f in facts:
+                try:
+                    summaries.append(self.pipeline.judge(f))
+                except Exception as exc:  # this request goes without a summary, not the others
+                    self.failures(semconv.AssemblyStage.JUDGE, exc)
             marks = {t: seen[t] for t in g if t in seen}
             due = max(marks.values(), default=now) + quiet_ns
             speculative = due > now and not forced
@@ -380,8 +403,8 @@ class Assembler:
         for s in spans:
             try:
                 keys.update(self.pipeline.request_keys(s))
-            except Exception:
-                log.exception("request_keys failed on span %s", s.span_id)
+            except Exception as exc:
+                self.failures(semconv.AssemblyStage.REQUEST_KEYS, exc)
         return keys
 
     def _count(self, stored: list[_Pending], old: dict[str, dict[str, Any]], now: int) -> None:

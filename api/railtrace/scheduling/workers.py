@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from railtrace.metrics import Delta, Metrics
+from railtrace.metrics import Delta, MetricLimits, Metrics
 from railtrace.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,10 @@ class RecordedMetrics(Metrics):
     """
 
     def __init__(self) -> None:
-        super().__init__(zero_series=False)  # a zero gauge would overwrite the serve process's
+        # No zero series: a zero gauge would overwrite the serve process's. Unbounded labels:
+        # a delta holds only what one relay interval counted, and the serve process bounds
+        # the values when it adds them in, the same way for every child.
+        super().__init__(zero_series=False, limits=MetricLimits.unbounded())
 
     def take(self) -> Delta:
         """What was counted since the last take, per family and series (the series touched)."""

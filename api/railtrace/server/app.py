@@ -15,7 +15,7 @@ from railtrace.server import otlp_http
 from railtrace.server.routers import health, tempo
 from railtrace.server.routers import v1 as api_v1
 from railtrace.server.runtime import Runtime
-from railtrace.server.security import AccessMiddleware
+from railtrace.server.security import AccessMiddleware, ASGIApp, SecurityHeaders
 from railtrace.server.ui import create_router as ui_router
 from railtrace.settings import Settings
 
@@ -50,6 +50,18 @@ API_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+class RailtraceApp(FastAPI):
+    """FastAPI with railtrace's security headers on every answer: around the whole middleware
+    stack, so the 500s that Starlette's outermost error middleware writes have them too."""
+
+    def __init__(self, *, settings: Settings, **kw: Any) -> None:
+        super().__init__(**kw)
+        self._security = {"docs": settings.api_docs, "tls": bool(settings.tls_cert)}
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return SecurityHeaders(super().build_middleware_stack(), **self._security)
+
+
 def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     """Build the app. Without `runtime` the app owns one and starts/stops it with its lifespan;
     `Service` passes a runtime it shares with the gRPC server."""
@@ -66,12 +78,16 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
             if owned:
                 await run_in_threadpool(rt.stop)
 
-    app = FastAPI(
+    app = RailtraceApp(
+        settings=settings,
         title="railtrace",
         summary="Topology-aware tracing for llm-d prefill/decode serving",
         version="0.1.0",
         lifespan=lifespan,
         generate_unique_id_function=_operation_id,
+        # Off unless asked for: FastAPI's pages load their scripts from a public CDN.
+        docs_url="/docs" if settings.api_docs else None,
+        redoc_url="/redoc" if settings.api_docs else None,
     )
     app.state.runtime = rt
     if settings.cors_origins:  # CORS is off unless origins are listed
@@ -81,8 +97,13 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
             allow_methods=["GET", "POST"],
             allow_headers=["authorization", "content-type", "content-encoding"],
         )
-    if settings.ingest_token or settings.api_token:
-        app.add_middleware(AccessMiddleware, ingest_token=settings.ingest_token, api_token=settings.api_token)
+    if settings.ingest_token or settings.api_token or settings.metrics_token:
+        app.add_middleware(
+            AccessMiddleware,
+            ingest_token=settings.ingest_token,
+            api_token=settings.api_token,
+            metrics_token=settings.metrics_token,
+        )
     app.include_router(otlp_http.router, responses=OTLP_RESPONSES)
     app.include_router(health.router)
     app.include_router(api_v1.router, responses=API_RESPONSES)

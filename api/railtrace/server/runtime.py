@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from railtrace.ingest import BulkWriter, ExportAcceptor
-from railtrace.metrics import Metrics
+from railtrace.metrics import Metrics, TopologyLabels, metric_limits
 from railtrace.otlp.content import content_filter
 from railtrace.query.budget import QueryGate
 from railtrace.scheduling.assembler import Assembler, Pipeline, default_pipeline
@@ -37,7 +37,8 @@ class Runtime:
 
     def __init__(self, settings: Settings, pipeline: Pipeline | None = None) -> None:
         self.settings = settings
-        self.metrics = Metrics()
+        self.topology_holder: Any = None
+        self.metrics = Metrics(limits=metric_limits(settings, TopologyLabels(self._current_topology)))
         self.content_filter = content_filter(settings.drop_attributes)
         self.trusted_proxies = trusted_networks(settings.trusted_proxies)
         self.trusted_collectors = trusted_networks(settings.trusted_collectors)
@@ -61,7 +62,6 @@ class Runtime:
         )
         # Searches and trace reads: their turns, budgets and stop (railtrace.query.budget).
         self.queries = QueryGate(settings.query_concurrency, settings.query_timeout_s)
-        self.topology_holder: Any = None
         self.topology_error: str | None = None
         self._live_topology: Any = None
         self._pipeline = pipeline
@@ -138,6 +138,11 @@ class Runtime:
             return
         # Raises TopologyError on unreadable input.
         self.topology_holder, self._live_topology = open_topology(list(self.settings.topology))
+
+    def _current_topology(self) -> Any:
+        """The topology now, or None before it is loaded (metric label bounds ask early)."""
+        holder = self.topology_holder
+        return holder.get() if holder is not None else None
 
     def topology(self) -> Any:
         if self.topology_holder is None:

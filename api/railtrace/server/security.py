@@ -1,10 +1,15 @@
 """Access at the service's edges: bearer tokens, TLS, CORS and exposure warnings. (What an
 export may carry is the OTLP codec's concern: `railtrace.otlp.content`.)
 
+Every HTTP answer carries security headers (`SecurityHeaders`): a Content-Security-Policy
+that lets pages run only this origin's own scripts and styles (the web UI has no inline ones),
+no framing, no MIME sniffing, no referrer. FastAPI's `/docs` and `/redoc` load their scripts
+from a public CDN without integrity checks, so they are off unless `api_docs` is set.
+
 Tokens are optional and separate: one for OTLP ingest (`POST /v1/traces`, gRPC `Export`),
-one for the query API (`/api/...`). Liveness, readiness, `/metrics` and the OpenAPI
-description stay open so probes and Prometheus work without secrets. Tokens are compared
-in constant time.
+one for the query API (`/api/...`), one for Prometheus (`/metrics`; unset by default, so an
+existing scrape keeps working). Liveness, readiness and the OpenAPI description stay open so
+probes work without secrets. Tokens are compared in constant time.
 """
 
 from __future__ import annotations
@@ -25,6 +30,61 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 INGEST_PATHS = ("/v1/traces",)
 API_PREFIX = "/api/"
+METRICS_PATH = "/metrics"
+
+
+# The web UI (server/ui/static) is this origin's own script and stylesheet, no inline code; it
+# reads /api/v1 and /readyz of the same origin. Nothing may frame a page.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+# FastAPI's Swagger UI and ReDoc pages (only with `api_docs`): their scripts, styles and fonts
+# from the CDNs FastAPI names, and their inline start-up script and styles.
+DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc"})
+DOCS_CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
+    "style-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net https://fonts.googleapis.com; "
+    "font-src https://fonts.gstatic.com; img-src 'self' data: https://fastapi.tiangolo.com "
+    "https://cdn.redoc.ly; connect-src 'self'; worker-src blob:; base-uri 'none'; "
+    "form-action 'self'; frame-ancestors 'none'"
+)
+SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+)
+HSTS = (b"strict-transport-security", b"max-age=31536000")
+
+
+class SecurityHeaders:
+    """ASGI middleware: the security headers on every HTTP answer (pages, API, OTLP, errors,
+    404s), unless the answer set the header itself. Wrap the whole app (outside Starlette's
+    error middleware too, so a 500 has them)."""
+
+    def __init__(self, app: ASGIApp, *, docs: bool = False, tls: bool = False) -> None:
+        self.app = app
+        self.docs = docs
+        common = SECURITY_HEADERS + ((HSTS,) if tls else ())
+        self._page = (*common, (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()))
+        self._docs_page = (*common, (b"content-security-policy", DOCS_CONTENT_SECURITY_POLICY.encode()))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        extra = self._docs_page if self.docs and scope.get("path") in DOCS_PATHS else self._page
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers") or ())
+                present = {name.lower() for name, _ in headers}
+                headers.extend(h for h in extra if h[0] not in present)
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
 
 
 def token_ok(header: str | None, token: str | None) -> bool:
@@ -37,18 +97,23 @@ def token_ok(header: str | None, token: str | None) -> bool:
 
 
 class AccessMiddleware:
-    """ASGI middleware: 401 for ingest or API calls without the right bearer token."""
+    """ASGI middleware: 401 for ingest, API or metrics calls without the right bearer token."""
 
-    def __init__(self, app: ASGIApp, ingest_token: str | None, api_token: str | None) -> None:
+    def __init__(
+        self, app: ASGIApp, ingest_token: str | None, api_token: str | None, metrics_token: str | None = None
+    ) -> None:
         self.app = app
         self.ingest_token = ingest_token or None
         self.api_token = api_token or None
+        self.metrics_token = metrics_token or None
 
     def _token_for(self, path: str) -> str | None:
         if path in INGEST_PATHS:
             return self.ingest_token
         if path.startswith(API_PREFIX):
             return self.api_token
+        if path == METRICS_PATH:
+            return self.metrics_token
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
