@@ -166,49 +166,76 @@ def seed(database: Database, calls: list[bytes], timeout_s: float = 300) -> list
     return ids
 
 
+def _env(pairs: list[str]) -> dict[str, str]:
+    return dict(kv.split("=", 1) for kv in pairs)
+
+
 def run(args: argparse.Namespace, kind: str) -> list[dict[str, Any]]:
-    """Alternating solo / with-readers runs on one service; one row per run."""
+    """Alternating solo / with-readers runs; with `--compare-env`, a second service with that
+    environment takes its solo / with-readers turn after the first in every round. One row per run."""
     n_calls = max(1, args.spans // SPANS_PER_CALL)
     seed_calls = export_calls(args.seed_spans, seed=1000)
-    # Fresh trace ids for every run: the same body twice would be stored once, at less cost.
-    runs = [export_calls(n_calls * SPANS_PER_CALL, seed=1 + i) for i in range(2 * args.rounds)]
-    env = dict(kv.split("=", 1) for kv in args.serve_env)
-    database = Database(kind)
+    configs = [("default" if not args.serve_env else " ".join(args.serve_env), _env(args.serve_env))]
+    if args.compare_env:
+        configs.append((" ".join(args.compare_env), _env(args.compare_env)))
     rows: list[dict[str, Any]] = []
-    try:
-        ids = seed(database, seed_calls)
-        ids_file = database.tmp / "ids.json"
-        ids_file.write_text(json.dumps(ids))
-        with serve_process(database.url, database.tmp, quiet_period=3600, extra_env=env) as (proc, base):
+    with contextlib.ExitStack() as stack:
+        services = []
+        for label, env in configs:
+            database = Database(kind)
+            stack.callback(database.drop)
+            ids_file = database.tmp / "ids.json"
+            ids_file.write_text(json.dumps(seed(database, seed_calls)))
+            proc, base = stack.enter_context(
+                serve_process(database.url, database.tmp, quiet_period=3600, extra_env=env)
+            )
             post_all(base, export_calls(4 * SPANS_PER_CALL, seed=999), 4)  # warm-up
-            for i, calls in enumerate(runs):
-                mode = "readers" if i % 2 else "solo"
-                readers = Readers(base, ids_file, args.readers, args.reader_seconds) if i % 2 else None
-                if readers is not None:
-                    time.sleep(args.reader_warmup)
-                cpu0, load = cpu_seconds(proc.pid), uptime().split("load average:")[-1].strip()
-                elapsed, retries = post_all(base, calls, args.clients)
-                cpu = cpu_seconds(proc.pid) - cpu0
-                got = readers.stop() if readers is not None else {}
-                spans = len(calls) * SPANS_PER_CALL
-                row = {
-                    "db": kind,
-                    "round": i // 2 + 1,
-                    "mode": mode,
-                    "spans_per_s": spans / elapsed,
-                    "per_cpu_s": spans / cpu if cpu else 0.0,
-                    "ingest_retries": retries,
-                    "load": load,
-                    **got,
-                }
-                if mode == "readers":
-                    row["ratio"] = row["spans_per_s"] / rows[-1]["spans_per_s"]
-                rows.append(row)
-                print(_line(row), flush=True)
-                time.sleep(args.pause)
-    finally:
-        database.drop()
+            services.append((label, proc, base, ids_file))
+        for r in range(args.rounds):
+            for label, proc, base, ids_file in services:
+                for with_readers in (False, True):
+                    # Fresh trace ids for every run: a body stored already would cost less. Made
+                    # before the run's clock starts, the same calls for every service.
+                    calls = export_calls(n_calls * SPANS_PER_CALL, seed=1 + 2 * r + with_readers)
+                    row = _one_run(args, kind, label, r + 1, proc, base, ids_file, calls, with_readers)
+                    if with_readers:
+                        row["ratio"] = row["spans_per_s"] / rows[-1]["spans_per_s"]
+                    rows.append(row)
+                    print(_line(row), flush=True)
+                    time.sleep(args.pause)
     return rows
+
+
+def _one_run(
+    args: argparse.Namespace,
+    kind: str,
+    label: str,
+    round_: int,
+    proc: subprocess.Popen[bytes],
+    base: str,
+    ids_file: Path,
+    calls: list[bytes],
+    with_readers: bool,
+) -> dict[str, Any]:
+    readers = Readers(base, ids_file, args.readers, args.reader_seconds) if with_readers else None
+    if readers is not None:
+        time.sleep(args.reader_warmup)
+    cpu0, load = cpu_seconds(proc.pid), uptime().split("load average:")[-1].strip()
+    elapsed, retries = post_all(base, calls, args.clients)
+    cpu = cpu_seconds(proc.pid) - cpu0
+    got = readers.stop() if readers is not None else {}
+    spans = len(calls) * SPANS_PER_CALL
+    return {
+        "db": kind,
+        "service": label,
+        "round": round_,
+        "mode": "readers" if with_readers else "solo",
+        "spans_per_s": spans / elapsed,
+        "per_cpu_s": spans / cpu if cpu else 0.0,
+        "ingest_retries": retries,
+        "load": load,
+        **got,
+    }
 
 
 def _line(row: dict[str, Any]) -> str:
@@ -223,7 +250,8 @@ def _line(row: dict[str, Any]) -> str:
             f" | readers drained in {row.get('drain_s', 0):.1f} s"
         )
     return (
-        f"{row['db']:<10} round {row['round']} {row['mode']:<7} {row['spans_per_s']:>9,.0f} spans/s"
+        f"{row['db']} [{row['service']}] round {row['round']} {row['mode']:<7}"
+        f" {row['spans_per_s']:>9,.0f} spans/s"
         f" ({row['per_cpu_s']:,.0f}/server CPU-s, {row['ingest_retries']} retries, load {row['load']}){reads}"
     )
 
@@ -231,21 +259,27 @@ def _line(row: dict[str, Any]) -> str:
 def summary(rows: list[dict[str, Any]]) -> str:
     lines = [
         "",
-        "| db | round | solo spans/s | with readers spans/s | ratio | reads 200 / 503 | visit p50 / p99 ms |",
+        "| db | service | round | solo spans/s | with readers spans/s | ratio | reads 200 / 503"
+        " | visit p50 / p99 ms |",
     ]
-    lines.append("|---|---:|---:|---:|---:|---|---|")
+    lines.append("|---|---|---:|---:|---:|---:|---|---|")
     for solo, with_readers in zip(rows[::2], rows[1::2], strict=True):
         status = with_readers.get("status", {})
         visits = with_readers.get("visits", {})
         lines.append(
-            f"| {solo['db']} | {solo['round']} | {solo['spans_per_s']:,.0f}"
+            f"| {solo['db']} | {solo['service']} | {solo['round']} | {solo['spans_per_s']:,.0f}"
             f" | {with_readers['spans_per_s']:,.0f} | {with_readers['ratio']:.0%}"
             f" | {status.get('200', 0):,} / {status.get('503', 0):,}"
             f" | {visits.get('p50_ms', 0):,.0f} / {visits.get('p99_ms', 0):,.0f} |"
         )
-    ratios = [r["ratio"] for r in rows if r["mode"] == "readers"]
-    if ratios:
-        lines.append(f"\nratio median {statistics.median(ratios):.0%}, min {min(ratios):.0%}")
+    for db, service in dict.fromkeys((r["db"], r["service"]) for r in rows):
+        ratios = [
+            r["ratio"] for r in rows if r["mode"] == "readers" and (r["db"], r["service"]) == (db, service)
+        ]
+        lines.append(
+            f"{db} [{service}]: ratio median {statistics.median(ratios):.0%},"
+            f" range {min(ratios):.0%}-{max(ratios):.0%} over {len(ratios)} rounds"
+        )
     return "\n".join(lines)
 
 
@@ -254,13 +288,19 @@ def main() -> int:
     p.add_argument("--db", choices=("sqlite", "postgresql", "both"), default="sqlite")
     p.add_argument("--readers", type=int, default=200)
     p.add_argument("--spans", type=int, default=102_400, help="spans posted per run")
-    p.add_argument("--seed-spans", type=int, default=40_960, help="history the pages read")
-    p.add_argument("--rounds", type=int, default=3, help="solo + with-readers pairs")
+    p.add_argument("--seed-spans", type=int, default=20_480, help="history the pages read")
+    p.add_argument("--rounds", type=int, default=3, help="solo + with-readers pairs per service")
     p.add_argument("--clients", type=int, default=4, help="ingest client threads")
     p.add_argument("--reader-seconds", type=float, default=120, help="longest a reader process runs")
     p.add_argument("--reader-warmup", type=float, default=2.0, help="readers' head start, seconds")
     p.add_argument("--pause", type=float, default=2.0, help="seconds between runs")
     p.add_argument("--serve-env", action="append", default=[], help="KEY=VALUE for the service")
+    p.add_argument(
+        "--compare-env",
+        action="append",
+        default=[],
+        help="KEY=VALUE for a second service, measured in turn with the first in every round",
+    )
     p.add_argument("--json", type=Path)
     p.add_argument("--reader-child", metavar="BASE", help=argparse.SUPPRESS)
     p.add_argument("--ids", help=argparse.SUPPRESS)
