@@ -84,6 +84,7 @@ async def _reader(
                 took = time.perf_counter() - t0
                 for r in answers:
                     out["status"][str(r.status_code)] = out["status"].get(str(r.status_code), 0) + 1
+                    out["answered_at"].append(time.time())
                     if r.status_code in (429, 503):
                         wait = max(wait, float(r.headers.get("retry-after", "1")))
                 if batch is calls:
@@ -97,7 +98,7 @@ async def _reader(
 
 async def _readers(base: str, ids: list[str], n: int, seconds: float) -> dict[str, Any]:
     """`n` readers until a line arrives on stdin (or `seconds`); their answers and latencies."""
-    out: dict[str, Any] = {"status": {}, "errors": {}, "visit_s": []}
+    out: dict[str, Any] = {"status": {}, "errors": {}, "visit_s": [], "answered_at": []}
     stop, told = asyncio.Event(), asyncio.Event()
     # A client per reader with as many connections as a page opens at once (one client's pool of
     # 1,000 connections cost the reader process a core by itself), made before the clock starts
@@ -221,9 +222,14 @@ def _one_run(
     if readers is not None:
         time.sleep(args.reader_warmup)
     cpu0, load = cpu_seconds(proc.pid), uptime().split("load average:")[-1].strip()
+    t0 = time.time()
     elapsed, retries = post_all(base, calls, args.clients)
     cpu = cpu_seconds(proc.pid) - cpu0
     got = readers.stop() if readers is not None else {}
+    # Reads answered while the exports ran (the readers start `reader_warmup` earlier).
+    answered = got.pop("answered_at", [])
+    if readers is not None:
+        got["reads_per_s_ingesting"] = sum(t0 <= t <= t0 + elapsed for t in answered) / elapsed
     spans = len(calls) * SPANS_PER_CALL
     return {
         "db": kind,
@@ -245,6 +251,7 @@ def _line(row: dict[str, Any]) -> str:
         status = ", ".join(f"{k}: {v}" for k, v in sorted(row.get("status", {}).items()))
         reads = (
             f" | ratio {row['ratio']:.0%} | reads {status or '-'}"
+            f" ({row.get('reads_per_s_ingesting', 0):.0f}/s while ingesting)"
             f"{' errors ' + str(row['errors']) if row.get('errors') else ''}"
             f" | visit p50 {visits.get('p50_ms', 0):.0f} ms p99 {visits.get('p99_ms', 0):.0f} ms"
             f" | readers drained in {row.get('drain_s', 0):.1f} s"
@@ -260,9 +267,9 @@ def summary(rows: list[dict[str, Any]]) -> str:
     lines = [
         "",
         "| db | service | round | solo spans/s | with readers spans/s | ratio | reads 200 / 503"
-        " | visit p50 / p99 ms |",
+        " | reads/s while ingesting | visit p50 / p99 ms |",
     ]
-    lines.append("|---|---|---:|---:|---:|---:|---|---|")
+    lines.append("|---|---|---:|---:|---:|---:|---|---:|---|")
     for solo, with_readers in zip(rows[::2], rows[1::2], strict=True):
         status = with_readers.get("status", {})
         visits = with_readers.get("visits", {})
@@ -270,6 +277,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
             f"| {solo['db']} | {solo['service']} | {solo['round']} | {solo['spans_per_s']:,.0f}"
             f" | {with_readers['spans_per_s']:,.0f} | {with_readers['ratio']:.0%}"
             f" | {status.get('200', 0):,} / {status.get('503', 0):,}"
+            f" | {with_readers.get('reads_per_s_ingesting', 0):,.0f}"
             f" | {visits.get('p50_ms', 0):,.0f} / {visits.get('p99_ms', 0):,.0f} |"
         )
     for db, service in dict.fromkeys((r["db"], r["service"]) for r in rows):
