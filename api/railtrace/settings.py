@@ -162,6 +162,37 @@ class Settings(BaseSettings):
         " sender-chosen values (model, node, NIC) as `other`.",
     )
 
+    # Query API reads (railtrace.server.read_gate): bounded so that readers cannot starve ingest.
+    read_concurrency: int = Field(
+        4,
+        ge=1,
+        description="API reads (GET /api/...) answered at once; more wait their turn. Ingest, probes"
+        " and /metrics never wait for it.",
+    )
+    read_concurrency_ingesting: int = Field(
+        1,
+        ge=1,
+        description="API reads answered at once while ingest is busy (an export in progress or spans"
+        " waiting for their commit); at most read_concurrency.",
+    )
+    read_share_ingesting: float = Field(
+        0.25,
+        gt=0,
+        le=1,
+        description="While ingest is busy, the share of the time each read turn may be in use: after a"
+        " read the turn rests for (1 - share) / share times as long as it took (at most 1 s); 1: no rest.",
+    )
+    read_queue: int = Field(
+        1000,
+        ge=0,
+        description="API reads that may wait for a turn; one more is answered 503 with Retry-After.",
+    )
+    read_wait_s: float = Field(
+        20.0,
+        gt=0,
+        description="An API read that has not had its turn after this is answered 503 with Retry-After.",
+    )
+
     # Privacy.
     drop_attributes: list[str] | None = Field(
         None,

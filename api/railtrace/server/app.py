@@ -12,6 +12,7 @@ from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 
 from railtrace.server import otlp_http
+from railtrace.server.read_gate import ReadAdmission, ReadGate
 from railtrace.server.routers import health, tempo
 from railtrace.server.routers import v1 as api_v1
 from railtrace.server.runtime import Runtime
@@ -46,7 +47,7 @@ API_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: _error("Parameter values the service cannot serve (bad cursor, range, id)"),
     401: _error("Missing or wrong API bearer token"),
     404: _error("Not found (yet: requests are assembled after a quiet period)"),
-    503: _error("A part the answer needs is unavailable"),
+    503: _error("A part the answer needs is unavailable, or too many reads wait already (`Retry-After`)"),
 }
 
 
@@ -90,6 +91,16 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         redoc_url="/redoc" if settings.api_docs else None,
     )
     app.state.runtime = rt
+    # Innermost of the middlewares: a read refused for its token never takes a turn.
+    app.state.reads = ReadAdmission(
+        settings.read_concurrency,
+        settings.read_queue,
+        settings.read_wait_s,
+        busy=lambda: rt.writer.pending > 0,
+        busy_concurrency=settings.read_concurrency_ingesting,
+        busy_share=settings.read_share_ingesting,
+    )
+    app.add_middleware(ReadGate, admission=app.state.reads, retry_after_s=settings.retry_after_s)
     if settings.cors_origins:  # CORS is off unless origins are listed
         app.add_middleware(
             CORSMiddleware,

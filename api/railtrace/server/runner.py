@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
 
 from railtrace.scheduling.assembler import Pipeline
 from railtrace.server.app import create_app
@@ -41,6 +42,7 @@ class Service:
         self._pipeline = pipeline
         self.runtime: Runtime | None = None
         self._uvicorn: uvicorn.Server | None = None
+        self.app: FastAPI | None = None
         self._thread: threading.Thread | None = None
         self._grpc: Any = None
         self.http_port = 0
@@ -64,7 +66,7 @@ class Service:
             self._grpc, self.grpc_port = make_grpc_server(
                 self.runtime, self.settings.host, self.settings.grpc_port
             )
-            app = create_app(self.settings, self.runtime)
+            app = self.app = create_app(self.settings, self.runtime)
             config = uvicorn.Config(
                 app,
                 log_level="warning",
