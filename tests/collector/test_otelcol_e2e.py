@@ -356,7 +356,10 @@ def test_the_sampler_keeps_every_trace_the_collector_can_see_is_flagged(run: Run
     strict=True,
     reason="railtrace joins fewer split KV-transfer traces to their requests when the spans arrive "
     "through the collectors than when the same spans are posted directly: the rows differ by "
-    "requests flagged broken_trace (also with one tier-2 collector and one replica)",
+    "requests flagged broken_trace (also with one tier-2 collector and one replica). The stored spans "
+    "equal those sent (resource, attributes, events, scope, parent), and the same traffic exported "
+    "live by the SDK straight to one replica joins them all: only the collectors' regrouping and "
+    "timing of arrivals differ",
 )
 def test_replicas_behind_the_collectors_judge_as_one_replica_fed_directly(run: Run) -> None:
     assert [r["trace_id"] for r in run.shared] == [r["trace_id"] for r in run.single]
