@@ -1,4 +1,5 @@
-"""Structural gate for collector_config/*.yaml (no trustworthy otelcol binary exists offline).
+"""Structural gate for collector_config/*.yaml, beside the real collector's validate
+(test_otelcol_validate.py).
 
 Checks what `otelcol validate` would, plus what it cannot: every attribute key is in the
 registry, every renamed span name is in railtrace's normalisation table, and llm-d's own

@@ -48,10 +48,12 @@ class _Event:
 
 @dataclass
 class FakeApiServer:
-    """Event-log backed list/watch server; `dra_versions` are the resource.k8s.io versions served."""
+    """Event-log backed list/watch server; `dra_versions` are the resource.k8s.io versions served.
+    `token=None` serves without authentication, as `kubectl proxy` does: client-go (clientcmd)
+    sends a kubeconfig's token only over TLS, and this server speaks plain HTTP."""
 
     dra_versions: tuple[str, ...] = ("v1",)
-    token: str = "railtrace-test-token"
+    token: str | None = "railtrace-test-token"
     _rv: int = 100
     _state: dict[str, dict[tuple[str, str], dict[str, Any]]] = field(default_factory=dict)
     _log: list[_Event] = field(default_factory=list)
@@ -176,7 +178,7 @@ class FakeApiServer:
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "railtrace", "user": {"token": self.token}}],
+            "users": [{"name": "railtrace", "user": {"token": self.token} if self.token is not None else {}}],
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "railtrace"}}],
             "current-context": "fake",
         }
@@ -294,7 +296,7 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         query = parse_qs(url.query)
         api = self.api
-        if self.headers.get("Authorization") != f"Bearer {api.token}":
+        if api.token is not None and self.headers.get("Authorization") != f"Bearer {api.token}":
             api.unauthorized += 1
             self._json(401, _status(401, "Unauthorized", "Unauthorized"))
             return
@@ -340,6 +342,20 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             sent_rv = from_rv
             bookmarks = query.get("allowWatchBookmarks", ["false"])[0] in ("true", "1")
+            if query.get("sendInitialEvents", ["false"])[0] in ("true", "1"):
+                # A streaming list (client-go's WatchListClient, on by default from Kubernetes
+                # 1.34): every current object as ADDED, then a bookmark that ends the initial list.
+                with api._cond:
+                    sent_rv = api._rv
+                    initial = [
+                        {"type": "ADDED", "object": api.render(o, api_version)}
+                        for key, o in sorted(api._state[kind].items())
+                        if namespace is None or key[0] == namespace
+                    ]
+                end = self._bookmark(kind, api_version)
+                end["metadata"]["annotations"] = {"k8s.io/initial-events-end": "true"}
+                for event in [*initial, {"type": "BOOKMARK", "object": end}]:
+                    self._chunk(json.dumps(event).encode() + b"\n")
             ended = False
             while True:
                 with api._cond:
