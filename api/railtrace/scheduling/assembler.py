@@ -22,7 +22,7 @@ from typing import Any
 
 from railtrace.metrics import Metrics
 from railtrace.model import RequestFacts, RequestSummary, Span
-from railtrace.scheduling.grouping import excess_notes, group_traces
+from railtrace.scheduling.grouping import excess_notes, group_traces, split_group, split_note
 from railtrace.settings import Settings
 from railtrace.store import AssembledGroup, Store
 from railtrace_tracing import semconv
@@ -292,29 +292,46 @@ class Assembler:
         assembling = {id(g) for g in done}  # by identity: `g in done` compared sets, page squared
         keep = {t for g, _ in wanted if id(g) not in assembling and min(g) in held for t in g & held}
         self._kept.update(dict.fromkeys(keep, now + LEASE_NS))  # the next round claims them again
+        loaded = set(seen)
         extra = {t for g in done for t in g} - seen.keys()
-        spans.update(_by_trace(self.store.load_spans(extra, normalize=False)))
         for t in extra:
             if t in states:
                 seen[t] = states[t].last_arrival_ns
                 late[t] = states[t].late_spans
+        max_traces, max_spans = self.settings.max_group_traces, self.settings.max_group_spans
         fresh: list[_Pending] = []
         for g, forced in todo:
             self._store_come_due(wall_clock)
-            members = [s for t in sorted(g) for s in spans.get(t, [])]
-            summaries: list[RequestSummary] = []
-            try:
-                facts = self.pipeline.assemble(members, now_ns=now)
-                _note_excess(facts, excess)
-                summaries = [self.pipeline.judge(f) for f in facts]
-            except Exception:  # leave this group without a summary, never retry it in a loop
-                log.exception("assembly failed for traces %s (%d spans)", sorted(g), len(members))
-                self.metrics[semconv.M_SPANS_REJECTED].labels("assembly_failed").inc(len(members))
-            marks = {t: seen[t] for t in g if t in seen}
-            due = max(marks.values(), default=now) + quiet_ns
-            speculative = due > now and not forced
-            group = AssembledGroup(summaries, marks, speculative=speculative)
-            fresh.append(_Pending(due if speculative else now, group, sum(late.get(t, 0) for t in marks)))
+            # A group's other traces are loaded when it is assembled and its spans let go after
+            # it: what is held beyond the page is one group's, not every group's at once.
+            if g - loaded:
+                spans.update(_by_trace(self.store.load_spans(g - loaded, normalize=False)))
+            sizes = {t: len(spans.get(t, ())) for t in g}
+            parts = split_group(g, sizes, max_traces, max_spans)
+            note = None
+            if len(parts) > 1:
+                note = split_note(len(g), sum(sizes.values()), len(parts), max_traces, max_spans)
+                log.warning("traces %s..%s: %s", min(g), max(g), note)
+            for part in parts:
+                members = [s for t in part for s in spans.get(t, [])]
+                summaries: list[RequestSummary] = []
+                try:
+                    facts = self.pipeline.assemble(members, now_ns=now)
+                    _note_excess(facts, excess)
+                    if note is not None:
+                        _note_split(facts, note)
+                    summaries = [self.pipeline.judge(f) for f in facts]
+                except Exception:  # leave this group without a summary, never retry it in a loop
+                    log.exception("assembly failed for traces %s (%d spans)", part, len(members))
+                    self.metrics[semconv.M_SPANS_REJECTED].labels("assembly_failed").inc(len(members))
+                del members
+                marks = {t: seen[t] for t in part if t in seen}
+                due = max((seen[t] for t in g if t in seen), default=now) + quiet_ns
+                speculative = due > now and not forced
+                group = AssembledGroup(summaries, marks, speculative=speculative)
+                fresh.append(_Pending(due if speculative else now, group, sum(late.get(t, 0) for t in marks)))
+            for t in g:
+                spans.pop(t, None)
             keep |= g & held
         self._pending = sorted(self._pending + fresh, key=lambda p: p.due_ns)
         return keep
@@ -340,10 +357,13 @@ class Assembler:
         marks = {t: seen for p in due for t, seen in p.group.marks.items()}
         try:
             old = self.store.previous_summaries(marks)
+            # Primaries stored by this transaction: no group's replacing deletes them (the parts
+            # of a split group each hold the whole group's earlier summaries).
+            storing = {s.trace_id for p in due for s in p.group.summaries}
             for p in due:
                 holding = _holding(p.group, old)
                 # Replaced: those not stored again under the same primary trace.
-                p.group.superseded = holding - {s.trace_id for s in p.group.summaries}
+                p.group.superseded = holding - storing
                 p.group.first = not holding
             stored = {id(g) for g in self.store.publish([p.group for p in due], now, owner=self.owner)}
         except Exception:
@@ -445,6 +465,13 @@ def _note_excess(facts: list[RequestFacts], excess: dict[str, str]) -> None:
             rejected = f.coverage.setdefault("rejected", [])
             if note not in rejected:
                 rejected.append(note)
+
+
+def _note_split(facts: list[RequestFacts], note: str) -> None:
+    for f in facts:
+        rejected = f.coverage.setdefault("rejected", [])
+        if note not in rejected:
+            rejected.append(note)
 
 
 def _by_trace(spans: list[Span]) -> dict[str, list[Span]]:
