@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -266,9 +266,13 @@ class Assembler:
         """
         seen = {t.trace_id: t.last_arrival_ns for t in ready}
         late = {t.trace_id: t.late_spans for t in ready}
-        spans = _by_trace(self.store.load_spans(seen, normalize=False))
+        # Spans held at once stay within `max_group_spans` (beyond one load batch): a trace
+        # read past it gives its keys and span count, and is read again for its part.
+        loader = _SpanLoader(self.store, self.settings.max_group_spans)
+        keys = {}
+        for tid, members in loader.load(seen):
+            keys[tid] = self._keys(members)
         self._store_come_due(wall_clock)
-        keys = {tid: self._keys(spans.get(tid, [])) for tid in seen}
         pairs = self.store.traces_for_keys(set().union(*keys.values()))
         groups = group_traces(seen, keys, pairs)
         excess = excess_notes(keys, pairs)
@@ -292,7 +296,6 @@ class Assembler:
         assembling = {id(g) for g in done}  # by identity: `g in done` compared sets, page squared
         keep = {t for g, _ in wanted if id(g) not in assembling and min(g) in held for t in g & held}
         self._kept.update(dict.fromkeys(keep, now + LEASE_NS))  # the next round claims them again
-        loaded = set(seen)
         extra = {t for g in done for t in g} - seen.keys()
         for t in extra:
             if t in states:
@@ -302,18 +305,18 @@ class Assembler:
         fresh: list[_Pending] = []
         for g, forced in todo:
             self._store_come_due(wall_clock)
-            # A group's other traces are loaded when it is assembled and its spans let go after
-            # it: what is held beyond the page is one group's, not every group's at once.
-            if g - loaded:
-                spans.update(_by_trace(self.store.load_spans(g - loaded, normalize=False)))
-            sizes = {t: len(spans.get(t, ())) for t in g}
+            # A group's other traces are counted (and held within the bound) when it is
+            # assembled; each part's spans are let go after it.
+            for _ in loader.load(g - loader.counts.keys()):
+                pass
+            sizes = {t: loader.counts.get(t, 0) for t in g}
             parts = split_group(g, sizes, max_traces, max_spans)
             note = None
             if len(parts) > 1:
                 note = split_note(len(g), sum(sizes.values()), len(parts), max_traces, max_spans)
                 log.warning("traces %s..%s: %s", min(g), max(g), note)
             for part in parts:
-                members = [s for t in part for s in spans.get(t, [])]
+                members = loader.take(part)
                 summaries: list[RequestSummary] = []
                 try:
                     facts = self.pipeline.assemble(members, now_ns=now)
@@ -330,8 +333,7 @@ class Assembler:
                 speculative = due > now and not forced
                 group = AssembledGroup(summaries, marks, speculative=speculative)
                 fresh.append(_Pending(due if speculative else now, group, sum(late.get(t, 0) for t in marks)))
-            for t in g:
-                spans.pop(t, None)
+            loader.drop(g)
             keep |= g & held
         self._pending = sorted(self._pending + fresh, key=lambda p: p.due_ns)
         return keep
@@ -465,6 +467,57 @@ def _note_excess(facts: list[RequestFacts], excess: dict[str, str]) -> None:
             rejected = f.coverage.setdefault("rejected", [])
             if note not in rejected:
                 rejected.append(note)
+
+
+class _SpanLoader:
+    """Loads traces' spans for assembly in batches, holding at most `budget` spans between
+    uses; every trace's span count is kept. Why: a page of ready traces was read whole, so 120
+    traces at the per-trace cap held 1.2M spans (1.6 GB) however the group was then split."""
+
+    BATCH = 16  # traces per read
+
+    def __init__(self, store: Store, budget: int) -> None:
+        self.store = store
+        self.budget = budget
+        self.counts: dict[str, int] = {}
+        self._held: dict[str, list[Span]] = {}
+        self._held_spans = 0
+
+    def load(self, trace_ids: Iterable[str]) -> Iterator[tuple[str, list[Span]]]:
+        """Each trace with its spans, read a batch at a time; kept while within the budget."""
+        ids = sorted(trace_ids)
+        for i in range(0, len(ids), self.BATCH):
+            batch = ids[i : i + self.BATCH]
+            found = _by_trace(self.store.load_spans(batch, normalize=False))
+            for tid in batch:
+                members = found.pop(tid, [])
+                self.counts[tid] = len(members)
+                if self._held_spans + len(members) <= self.budget:
+                    self._held[tid] = members
+                    self._held_spans += len(members)
+                yield tid, members
+            del found
+
+    def take(self, trace_ids: list[str]) -> list[Span]:
+        """The spans of these traces in their order, read again where they were not kept;
+        those kept are let go."""
+        missing = [t for t in trace_ids if t not in self._held]
+        again = _by_trace(self.store.load_spans(missing, normalize=False)) if missing else {}
+        out: list[Span] = []
+        for t in trace_ids:
+            members = self._held.pop(t, None)
+            if members is not None:
+                self._held_spans -= len(members)
+            else:
+                members = again.get(t, [])
+            out += members
+        return out
+
+    def drop(self, trace_ids: Iterable[str]) -> None:
+        for t in trace_ids:
+            members = self._held.pop(t, None)
+            if members is not None:
+                self._held_spans -= len(members)
 
 
 def _note_split(facts: list[RequestFacts], note: str) -> None:
