@@ -89,6 +89,18 @@ class Settings(BaseSettings):
         ),
     )
     max_trace_wait_s: float = Field(300.0, description="Assemble even without an ended root after this.")
+    max_group_traces: int = Field(
+        32,
+        ge=1,
+        description="Traces assembled as one stitched request at most; a group of traces linked by request"
+        " ids that holds more is split into parts of consecutive trace ids, each noted in its coverage.",
+    )
+    max_group_spans: int = Field(
+        100_000,
+        ge=1,
+        description="Spans assembled as one stitched request at most (a single trace is never cut); a"
+        " larger group is split as for max_group_traces.",
+    )
 
     # Verdicts.
     score_tolerance: float = Field(0.05, description="Router scores this close count as comparable.")

@@ -16,9 +16,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from sqlalchemy import create_engine, select
 
 from railtrace.server.runner import Service
 from railtrace.settings import Settings
+from railtrace.store.schema import traces
 from tests.reliability.reliability_helpers import EXPORT_PATH, post, stored_keys
 
 T0 = 1_790_000_000 * 10**9
@@ -67,12 +69,16 @@ def test_spans_past_the_cap_are_dropped_answered_and_counted(svc: Service, db_ur
             r = post(client, export(1, first, 40))
             assert r.status_code == 200
             assert not ExportTraceServiceResponse.FromString(r.content).HasField("partial_success")
-        # 80 + 40 > 100: this call's spans of trace 1 are dropped; trace 2 is within its own cap.
+        # 80 + 40 > 100: trace 1 takes 20 of this call's spans, the other 20 are refused;
+        # trace 2 is within its own cap.
         r = post(client, two_traces(1, 2, 80, 40))
         assert r.status_code == 200
         ps = ExportTraceServiceResponse.FromString(r.content).partial_success
-        assert ps.rejected_spans == 40
-        assert f"({CAP})" in ps.error_message and "spans dropped" in ps.error_message
+        assert ps.rejected_spans == 20
+        assert (
+            ps.error_message
+            == f"20 spans dropped: their trace already holds the most spans one trace may ({CAP})"
+        )
     channel = grpc.insecure_channel(svc.grpc_endpoint)
     try:
         call = channel.unary_unary(EXPORT_PATH)
@@ -83,10 +89,70 @@ def test_spans_past_the_cap_are_dropped_answered_and_counted(svc: Service, db_ur
     finally:
         channel.close()
     keys = stored_keys(db_url)
-    assert len({k for k in keys if k[0] == format(1, "032x")}) == 80
+    assert {k for k in keys if k[0] == format(1, "032x")} == {
+        (format(1, "032x"), format(i + 1, "016x")) for i in range(100)
+    }
     assert len({k for k in keys if k[0] == format(2, "032x")}) == 60
-    assert _metric(svc, "llm_d_tracing_trace_span_limit_dropped_spans_total") == 70
-    assert _metric(svc, 'llm_d_tracing_spans_rejected_total{reason="trace_span_limit"}') == 70
+    assert _metric(svc, "llm_d_tracing_trace_span_limit_dropped_spans_total") == 50
+    assert _metric(svc, 'llm_d_tracing_spans_rejected_total{reason="trace_span_limit"}') == 50
+
+
+def _has_root(db_url: str, trace: int) -> bool:
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            return bool(
+                conn.execute(
+                    select(traces.c.has_root).where(traces.c.trace_id == format(trace, "032x"))
+                ).scalar()
+            )
+    finally:
+        engine.dispose()
+
+
+def test_one_call_past_the_cap_keeps_spans_up_to_it(svc: Service, db_url: str) -> None:
+    """A call with 150 spans of a new trace (cap 100): the first 100 are stored, 50 refused with
+    the reason; a retry of the same call stores nothing more and refuses all 150. Over gRPC, a
+    trace holding 90 takes 10 of a 25-span call."""
+    tid = format(3, "032x")
+    call = export(3, 0, 150)
+    with httpx.Client(base_url=svc.http_url, timeout=60) as client:
+        ps = ExportTraceServiceResponse.FromString(post(client, call).content).partial_success
+        assert ps.rejected_spans == 50
+        assert (
+            ps.error_message
+            == f"50 spans dropped: their trace already holds the most spans one trace may ({CAP})"
+        )
+        again = ExportTraceServiceResponse.FromString(post(client, call).content).partial_success
+        assert again.rejected_spans == 150
+        assert post(client, export(4, 0, 90)).status_code == 200
+    channel = grpc.insecure_channel(svc.grpc_endpoint)
+    try:
+        out = ExportTraceServiceResponse.FromString(
+            channel.unary_unary(EXPORT_PATH)(export(4, 90, 25), timeout=30)
+        )
+    finally:
+        channel.close()
+    assert out.partial_success.rejected_spans == 15
+    keys = stored_keys(db_url)
+    assert {k[1] for k in keys if k[0] == tid} == {format(i + 1, "016x") for i in range(100)}
+    assert len({k for k in keys if k[0] == format(4, "032x")}) == 100
+    assert _has_root(db_url, 3)  # every span of `export` is a root; the kept part keeps the mark
+    r = httpx.get(f"{svc.http_url}/api/v1/traces/{tid}", timeout=60)
+    assert r.status_code == 200 and len(r.json()["spans"]) == 100
+
+
+def test_a_cut_chunk_without_its_root_is_not_marked_rooted(svc: Service, db_url: str) -> None:
+    """The root is the last of the call's spans and falls past the cap: the stored part has
+    no root, so the trace is not taken for complete."""
+    req = ExportTraceServiceRequest.FromString(export(5, 0, 120))
+    spans = req.resource_spans[0].scope_spans[0].spans
+    for s in spans[:-1]:
+        s.parent_span_id = (999).to_bytes(8, "big")
+    with httpx.Client(base_url=svc.http_url, timeout=60) as client:
+        r = post(client, req.SerializeToString())
+        assert ExportTraceServiceResponse.FromString(r.content).partial_success.rejected_spans == 20
+    assert not _has_root(db_url, 5)
 
 
 def test_cap_zero_means_no_cap(db_url: str) -> None:

@@ -110,6 +110,22 @@ def chunk_records(body: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
+def head_of_chunk(row: ChunkRow, n: int) -> ChunkRow | None:
+    """A chunk row of the first `n` spans of `row` (in the order the call sent them), with its
+    own body, id and root mark; None when `row`'s body cannot be cut (bad framing). For the
+    per-trace cap: a call that would pass it keeps the spans up to the cap."""
+    try:
+        records = chunk_records(row[4])[:n]
+    except ValueError:
+        return None
+    if not records:
+        return None
+    pack = RECORD_HEADER.pack
+    body = b"".join(pack(rid, len(enc)) + enc for rid, enc in records)
+    root = bool(row[5]) and any(not PbSpan.FromString(enc).parent_span_id for _rid, enc in records)
+    return [row[0], chunk_id(body), row[2], len(records), body, root]
+
+
 def resource_key(resource: dict[str, Any], scope: str) -> tuple[int, bytes]:
     """A stable 63-bit id for a (resource attributes, scope) pair, and its JSON."""
     blob = orjson.dumps({"resource": resource, "scope": scope}, option=orjson.OPT_SORT_KEYS)

@@ -16,14 +16,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from railtrace.metrics import Metrics
 from railtrace.model import RequestFacts, RequestSummary, Span
 from railtrace.scheduling.failures import AssemblyFailures
-from railtrace.scheduling.grouping import excess_notes, group_traces
+from railtrace.scheduling.grouping import excess_notes, group_traces, split_group, split_note
 from railtrace.settings import Settings
 from railtrace.store import AssembledGroup, Store
 from railtrace_tracing import semconv
@@ -284,9 +284,13 @@ class Assembler:
         """
         seen = {t.trace_id: t.last_arrival_ns for t in ready}
         late = {t.trace_id: t.late_spans for t in ready}
-        spans = _by_trace(self.store.load_spans(seen, normalize=False))
+        # Spans held at once stay within `max_group_spans` (beyond one load batch): a trace
+        # read past it gives its keys and span count, and is read again for its part.
+        loader = _SpanLoader(self.store, self.settings.max_group_spans)
+        keys = {}
+        for tid, members in loader.load(seen):
+            keys[tid] = self._keys(members)
         self._store_come_due(wall_clock)
-        keys = {tid: self._keys(spans.get(tid, [])) for tid in seen}
         pairs = self.store.traces_for_keys(set().union(*keys.values()))
         groups = group_traces(seen, keys, pairs)
         excess = excess_notes(keys, pairs)
@@ -311,33 +315,48 @@ class Assembler:
         keep = {t for g, _ in wanted if id(g) not in assembling and min(g) in held for t in g & held}
         self._kept.update(dict.fromkeys(keep, now + LEASE_NS))  # the next round claims them again
         extra = {t for g in done for t in g} - seen.keys()
-        spans.update(_by_trace(self.store.load_spans(extra, normalize=False)))
         for t in extra:
             if t in states:
                 seen[t] = states[t].last_arrival_ns
                 late[t] = states[t].late_spans
+        max_traces, max_spans = self.settings.max_group_traces, self.settings.max_group_spans
         fresh: list[_Pending] = []
         for g, forced in todo:
             self._store_come_due(wall_clock)
-            members = [s for t in sorted(g) for s in spans.get(t, [])]
-            summaries: list[RequestSummary] = []
-            try:
-                facts = self.pipeline.assemble(members, now_ns=now)
-                _note_excess(facts, excess)
-            except Exception as exc:  # leave this group without a summary, never retry it in a loop
-                facts = []
-                self.failures(semconv.AssemblyStage.ASSEMBLE, exc)
-                self.metrics[semconv.M_SPANS_REJECTED].labels("assembly_failed").inc(len(members))
-            for f in facts:
+            # A group's other traces are counted (and held within the bound) when it is
+            # assembled; each part's spans are let go after it.
+            for _ in loader.load(g - loader.counts.keys()):
+                pass
+            sizes = {t: loader.counts.get(t, 0) for t in g}
+            parts = split_group(g, sizes, max_traces, max_spans)
+            note = None
+            if len(parts) > 1:
+                note = split_note(len(g), sum(sizes.values()), len(parts), max_traces, max_spans)
+                log.warning("traces %s..%s: %s", min(g), max(g), note)
+            for part in parts:
+                members = loader.take(part)
+                summaries: list[RequestSummary] = []
                 try:
-                    summaries.append(self.pipeline.judge(f))
-                except Exception as exc:  # this request goes without a summary, not the others
-                    self.failures(semconv.AssemblyStage.JUDGE, exc)
-            marks = {t: seen[t] for t in g if t in seen}
-            due = max(marks.values(), default=now) + quiet_ns
-            speculative = due > now and not forced
-            group = AssembledGroup(summaries, marks, speculative=speculative)
-            fresh.append(_Pending(due if speculative else now, group, sum(late.get(t, 0) for t in marks)))
+                    facts = self.pipeline.assemble(members, now_ns=now)
+                    _note_excess(facts, excess)
+                    if note is not None:
+                        _note_split(facts, note)
+                except Exception as exc:  # leave this part without a summary, never retry it in a loop
+                    facts = []
+                    self.failures(semconv.AssemblyStage.ASSEMBLE, exc)
+                    self.metrics[semconv.M_SPANS_REJECTED].labels("assembly_failed").inc(len(members))
+                for f in facts:
+                    try:
+                        summaries.append(self.pipeline.judge(f))
+                    except Exception as exc:  # this request goes without a summary, not the others
+                        self.failures(semconv.AssemblyStage.JUDGE, exc)
+                del members
+                marks = {t: seen[t] for t in part if t in seen}
+                due = max((seen[t] for t in g if t in seen), default=now) + quiet_ns
+                speculative = due > now and not forced
+                group = AssembledGroup(summaries, marks, speculative=speculative)
+                fresh.append(_Pending(due if speculative else now, group, sum(late.get(t, 0) for t in marks)))
+            loader.drop(g)
             keep |= g & held
         self._pending = sorted(self._pending + fresh, key=lambda p: p.due_ns)
         return keep
@@ -363,10 +382,13 @@ class Assembler:
         marks = {t: seen for p in due for t, seen in p.group.marks.items()}
         try:
             old = self.store.previous_summaries(marks)
+            # Primaries stored by this transaction: no group's replacing deletes them (the parts
+            # of a split group each hold the whole group's earlier summaries).
+            storing = {s.trace_id for p in due for s in p.group.summaries}
             for p in due:
                 holding = _holding(p.group, old)
                 # Replaced: those not stored again under the same primary trace.
-                p.group.superseded = holding - {s.trace_id for s in p.group.summaries}
+                p.group.superseded = holding - storing
                 p.group.first = not holding
             stored = {id(g) for g in self.store.publish([p.group for p in due], now, owner=self.owner)}
         except Exception:
@@ -468,6 +490,64 @@ def _note_excess(facts: list[RequestFacts], excess: dict[str, str]) -> None:
             rejected = f.coverage.setdefault("rejected", [])
             if note not in rejected:
                 rejected.append(note)
+
+
+class _SpanLoader:
+    """Loads traces' spans for assembly in batches, holding at most `budget` spans between
+    uses; every trace's span count is kept. Why: a page of ready traces was read whole, so 120
+    traces at the per-trace cap held 1.2M spans (1.6 GB) however the group was then split."""
+
+    BATCH = 16  # traces per read
+
+    def __init__(self, store: Store, budget: int) -> None:
+        self.store = store
+        self.budget = budget
+        self.counts: dict[str, int] = {}
+        self._held: dict[str, list[Span]] = {}
+        self._held_spans = 0
+
+    def load(self, trace_ids: Iterable[str]) -> Iterator[tuple[str, list[Span]]]:
+        """Each trace with its spans, read a batch at a time; kept while within the budget."""
+        ids = sorted(trace_ids)
+        for i in range(0, len(ids), self.BATCH):
+            batch = ids[i : i + self.BATCH]
+            found = _by_trace(self.store.load_spans(batch, normalize=False))
+            for tid in batch:
+                members = found.pop(tid, [])
+                self.counts[tid] = len(members)
+                if self._held_spans + len(members) <= self.budget:
+                    self._held[tid] = members
+                    self._held_spans += len(members)
+                yield tid, members
+            del found
+
+    def take(self, trace_ids: list[str]) -> list[Span]:
+        """The spans of these traces in their order, read again where they were not kept;
+        those kept are let go."""
+        missing = [t for t in trace_ids if t not in self._held]
+        again = _by_trace(self.store.load_spans(missing, normalize=False)) if missing else {}
+        out: list[Span] = []
+        for t in trace_ids:
+            members = self._held.pop(t, None)
+            if members is not None:
+                self._held_spans -= len(members)
+            else:
+                members = again.get(t, [])
+            out += members
+        return out
+
+    def drop(self, trace_ids: Iterable[str]) -> None:
+        for t in trace_ids:
+            members = self._held.pop(t, None)
+            if members is not None:
+                self._held_spans -= len(members)
+
+
+def _note_split(facts: list[RequestFacts], note: str) -> None:
+    for f in facts:
+        rejected = f.coverage.setdefault("rejected", [])
+        if note not in rejected:
+            rejected.append(note)
 
 
 def _by_trace(spans: list[Span]) -> dict[str, list[Span]]:

@@ -6,6 +6,8 @@ together. Assembly then decides, span by span, which of them really join
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from railtrace.assembly.stitch import UnionFind
 
 MAX_KEY_FANOUT = 32  # a "key" shared by more traces than this is not one request's id
@@ -56,3 +58,35 @@ def excess_notes(keys: dict[str, set[str]], pairs: list[tuple[str, str]]) -> dic
             for tid in tids[:MAX_KEY_FANOUT]:
                 notes.setdefault(tid, note)
     return notes
+
+
+def split_group(
+    group: set[str], sizes: Mapping[str, int], max_traces: int, max_spans: int
+) -> list[list[str]]:
+    """`group`'s traces in id order, cut into consecutive parts of at most `max_traces` traces
+    and `max_spans` spans (`sizes`: spans per trace; a trace bigger than `max_spans` is a part
+    of its own). One part when the group is within both bounds.
+
+    Why: traces linked pairwise by ids form one group however long the chain (120 traces of
+    10,000 spans were assembled as one 1.2M-span request: 30 s and 1.26 GB). Parts by id order
+    are the same however the traces arrived, so a group re-assembled is split the same way.
+    """
+    parts: list[list[str]] = [[]]
+    spans = 0
+    for t in sorted(group):
+        n = sizes.get(t, 0)
+        if parts[-1] and (len(parts[-1]) >= max_traces or spans + n > max_spans):
+            parts.append([])
+            spans = 0
+        parts[-1].append(t)
+        spans += n
+    return parts
+
+
+def split_note(traces: int, spans: int, parts: int, max_traces: int, max_spans: int) -> str:
+    """The coverage note (`coverage.rejected`) of each part of a split group."""
+    return (
+        f"traces linked by request ids formed one group of {traces} traces and {spans} spans, assembled "
+        f"in {parts} parts by trace id: at most {max_traces} traces and {max_spans} spans are one "
+        "request (max_group_traces, max_group_spans)"
+    )

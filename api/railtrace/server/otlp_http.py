@@ -74,8 +74,13 @@ async def export_traces(request: Request, rt: RuntimeDep) -> Response:
     # An oversized body is read and thrown away (up to `max_drain_bytes`) before the 413 is
     # sent: answered and closed while the client is still sending, the client's next write
     # meets a reset and it reports that instead of the 413 (requests, httpx, the exporters).
+    # A client that sent `Expect: 100-continue` sends nothing until it is told to: answered
+    # before the body is read (uvicorn sends `100 Continue` on the first read), it never sends
+    # the body. Before, it was told to continue and the drain waited `body_timeout_s` for a body
+    # such a client may never send; closed after, as the client may send it anyway.
     over = declared.isdigit() and int(declared) > limit
-    if over and int(declared) > rt.settings.max_drain_bytes:
+    expects = request.headers.get("expect", "").strip().lower() == "100-continue"
+    if over and (expects or int(declared) > rt.settings.max_drain_bytes):
         metrics.export_done("http", "too_large")
         return _too_large_and_close(limit, as_json)
     retry = {"Retry-After": str(rt.settings.retry_after_s)}

@@ -17,7 +17,7 @@ from sqlalchemy import (
     select,
 )
 
-from railtrace.otlp.rows import RowBatch
+from railtrace.otlp.rows import RowBatch, head_of_chunk
 from railtrace.store.connection import MAX_KNOWN_RESOURCES, Job, StoreContext
 from railtrace.store.schema import (
     span_chunks,
@@ -54,7 +54,7 @@ class SpanWrites(Job):
 
     def __init__(self, ctx: StoreContext, max_spans_per_trace: int, checkpoint: Callable[[], None]) -> None:
         super().__init__(ctx)
-        # Spans one trace id may hold; chunks that would take it past are dropped (0: no cap).
+        # Spans one trace id may hold; spans that would take it past are dropped (0: no cap).
         self.max_spans_per_trace = max_spans_per_trace
         self._span_counts = select(traces.c.trace_id, traces.c.span_count).where(
             among(traces.c.trace_id, "ids", self.sqlite)
@@ -109,7 +109,7 @@ class SpanWrites(Job):
                     new_resources[rid] = blob
         if not rows:
             return InsertResult(0, 0)
-        dropped: list[list[Any]] = []
+        dropped: dict[int, int] = {}  # id of a batch's chunk row -> its spans left out by the cap
         with self._turn():
             counts = self._insert(rows, new_resources, keys, received, dropped)
         if self._wal is not None:
@@ -121,8 +121,7 @@ class SpanWrites(Job):
         inserted = sum(counts.values())
         if not dropped:
             return InsertResult(inserted, total - inserted)
-        gone = {id(r) for r in dropped}
-        by_batch = [sum(r[3] for r in b.chunks if id(r) in gone) for b in batches]
+        by_batch = [sum(dropped.get(id(r), 0) for r in b.chunks) for b in batches]
         n = sum(by_batch)
         return InsertResult(inserted, total - inserted - n, n, by_batch)
 
@@ -132,10 +131,10 @@ class SpanWrites(Job):
         new_resources: dict[int, bytes],
         keys: set[tuple[str, str]],
         received: int,
-        dropped: list[list[Any]],
+        dropped: dict[int, int],
     ) -> Counter[str]:
-        """The transaction of `insert_batches`; returns the spans written per trace and adds
-        the chunk rows left out by the per-trace cap to `dropped`."""
+        """The transaction of `insert_batches`; returns the spans written per trace and counts
+        the spans left out by the per-trace cap in `dropped` (by chunk row)."""
         with self._begin() as conn:
             if new_resources:  # first: the caller counts them as stored whatever the cap leaves
                 conn.exec_driver_sql(self._sql_resource, list(new_resources.items()))
@@ -167,13 +166,16 @@ class SpanWrites(Job):
         return counts
 
     def _within_cap(
-        self, conn: Connection, rows: list[list[Any]], dropped: list[list[Any]]
+        self, conn: Connection, rows: list[list[Any]], dropped: dict[int, int]
     ) -> list[list[Any]]:
         """The rows that keep each trace within `max_spans_per_trace` spans, in order; the
-        others go to `dropped`. A chunk (one export call's spans of a trace) is kept or dropped
-        whole, so a trace never holds more than the cap. Why: one trace id fed hundreds of
-        thousands of spans made every read and assembly of it load them all (seconds and
-        hundreds of MB each time), and every other request's verdict waited behind it."""
+        spans left out are counted in `dropped` (by id of their row). A chunk that would take
+        its trace past the cap is cut: its first spans up to the cap are kept (a new chunk of
+        them), the rest refused, so a trace never holds more than the cap and a call is refused
+        only its excess. Why a cap: one trace id fed hundreds of thousands of spans made every
+        read and assembly of it load them all (seconds and hundreds of MB each time), and every
+        other request's verdict waited behind it. Why cut: refusing the whole chunk refused
+        spans the trace still had room for."""
         held: dict[str, int] = {}
         for group in _chunks(sorted({r[0] for r in rows}), 500):
             for tid, n in conn.execute(self._span_counts, {"ids": listed(group, self.sqlite)}):
@@ -181,12 +183,19 @@ class SpanWrites(Job):
         cap = self.max_spans_per_trace
         kept = []
         for r in rows:
-            n = held.get(r[0], 0) + r[3]
-            if n > cap:
-                dropped.append(r)
-            else:
-                held[r[0]] = n
+            has = held.get(r[0], 0)
+            room = cap - has
+            if r[3] <= room:
+                held[r[0]] = has + r[3]
                 kept.append(r)
+                continue
+            part = head_of_chunk(r, room) if room > 0 else None
+            if part is None:
+                dropped[id(r)] = r[3]
+                continue
+            dropped[id(r)] = r[3] - part[3]
+            held[r[0]] = has + part[3]
+            kept.append(part)
         return kept
 
     def _insert_chunks(self, conn: Connection, rows: list[list[Any]]) -> int:

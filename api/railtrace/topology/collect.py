@@ -15,14 +15,27 @@ NICs come from device plugins. The node itself knows, in sysfs:
 Everything is read relative to a root (`--sysfs-root`) so recorded trees can be read as well as a
 live host. Nothing is inferred that sysfs does not say; what cannot be read is listed in
 `collected.warnings`.
+
+The tree is read as the kernel's own tools read sysfs, because a recorded or mounted tree can
+hold anything: an attribute is read only if it is a regular file (checked with `lstat` before
+it is opened, and with `fstat` on the descriptor, which is opened `O_NONBLOCK` so a FIFO swapped
+in between cannot block), and at most `MAX_ATTRIBUTE_BYTES` of it (a sysfs attribute is at most
+a page; more is not an attribute). Symlinks are followed only when they resolve inside the
+root. An entry that breaks these rules is skipped with a warning naming it; the rest of the
+node is still collected, since a missing fact leaves a gap the model reports, not a wrong one.
+Before, `/dev/zero` or a 2 GiB sparse file as an attribute ended in `MemoryError`, and a FIFO
+blocked the collector for ever. Work is linear in the number of entries (VF to PF lookups go
+through maps built once).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,6 +52,23 @@ _ARPHRD = {"1": "ethernet", "32": "infiniband"}
 # PCI ids of virtual functions, for VMs where the PF (and so `physfn`) is on the hypervisor's side:
 # 15b3:101e is "ConnectX Family mlx5Gen Virtual Function" in the PCI ID database.
 _VF_IDS = {("0x15b3", "0x101e")}
+# The most of one attribute read: sysfs text attributes are at most a page (4 KiB on most hosts).
+MAX_ATTRIBUTE_BYTES = 4096
+# Warnings kept in the document; past them one line counts the rest.
+MAX_WARNINGS = 100
+_MAX_LINK_HOPS = 40  # as the kernel's MAXSYMLINKS
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
 @dataclass
@@ -58,16 +88,9 @@ class _Pci:
         return first if first.startswith("pci") else None
 
 
-def _natural(p: Path) -> list[Any]:
+def _natural(name: str) -> list[Any]:
     """mlx5_2 before mlx5_10."""
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", p.name)]
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
 def _devices_part(real: str) -> str:
@@ -77,11 +100,139 @@ def _devices_part(real: str) -> str:
     return real[i + len(marker) :] if i >= 0 else real
 
 
-def _link_target_name(link: Path) -> str | None:
-    try:
-        return Path(os.path.realpath(link)).name if link.is_symlink() or link.exists() else None
-    except OSError:
-        return None
+class SysfsReader:
+    """Reads attributes and links under one root, refusing what sysfs never holds (see the
+    module's docstring); each refusal is one warning naming the entry."""
+
+    def __init__(self, root: str | os.PathLike[str], warnings: list[str]) -> None:
+        self.root = os.path.realpath(root)
+        self._prefix = self.root.rstrip("/") + "/"
+        self.warnings = warnings
+        self.skipped = 0
+        self.unlisted = 0  # skipped past MAX_WARNINGS warnings
+        self._known: dict[str, str] = {}  # path -> its real path, for folders and links
+
+    def refuse(self, path: str, why: str) -> None:
+        self.skipped += 1
+        if len(self.warnings) < MAX_WARNINGS:
+            self.warnings.append(f"{path}: {why}; skipped")
+        else:
+            self.unlisted += 1
+
+    def inside(self, real: str) -> bool:
+        return real == self.root or real.startswith(self._prefix)
+
+    def resolve(self, path: str) -> str | None:
+        """The real path of `path` if it exists and stays inside the root; else None (and a
+        warning when it leads outside)."""
+        real = self.realpath(path)
+        if real is None:
+            return None
+        if not self.inside(real):
+            self.refuse(path, f"links outside the sysfs root (to {real})")
+            return None
+        return real
+
+    def realpath(self, path: str) -> str | None:
+        """`os.path.realpath` for a path that exists (else None, as for a symlink loop), with
+        the folders and links already resolved remembered: each device link then costs one
+        `lstat` and `readlink` instead of one `lstat` per component of its absolute path
+        (most of the collector's time on a big tree)."""
+        if not path.startswith("/"):
+            path = os.path.join(os.getcwd(), path)
+        return self._walk("/", path.split("/"), [0])
+
+    def _walk(self, cur: str, parts: list[str], hops: list[int]) -> str | None:
+        for part in parts:
+            if part in ("", "."):
+                continue
+            if part == "..":  # `cur` is real, so its parent is too
+                cur = os.path.dirname(cur)
+                continue
+            nxt = cur + part if cur == "/" else f"{cur}/{part}"
+            known = self._known.get(nxt)
+            if known is not None:
+                cur = known
+                continue
+            try:
+                mode = os.lstat(nxt).st_mode
+            except OSError:
+                return None
+            if stat.S_ISLNK(mode):
+                hops[0] += 1
+                if hops[0] > _MAX_LINK_HOPS:
+                    return None
+                try:
+                    target = os.readlink(nxt)
+                except OSError:
+                    return None
+                real = self._walk("/" if target.startswith("/") else cur, target.split("/"), hops)
+                if real is None:
+                    return None
+                self._known[nxt] = real
+                cur = real
+            else:
+                if stat.S_ISDIR(mode):
+                    self._known[nxt] = nxt
+                cur = nxt
+        return cur
+
+    def read(self, path: str) -> str | None:
+        """One attribute's text, stripped; None when missing, unreadable or refused."""
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None  # missing (an absent attribute is normal) or not reachable
+        if stat.S_ISLNK(st.st_mode):
+            real = self.resolve(path)
+            if real is None:
+                return None
+            path = real
+            try:
+                st = os.lstat(path)
+            except OSError:
+                return None
+        if not stat.S_ISREG(st.st_mode):
+            self.refuse(path, f"{_kind(st.st_mode)}, not a sysfs attribute")
+            return None
+        try:
+            fd = os.open(path, _OPEN_FLAGS)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # became a symlink since the lstat
+                self.refuse(path, "changed while read")
+            return None
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):  # swapped since the lstat; O_NONBLOCK kept the open from waiting
+                self.refuse(path, f"{_kind(mode)}, not a sysfs attribute")
+                return None
+            data = os.read(fd, MAX_ATTRIBUTE_BYTES + 1)
+        except OSError:
+            return None  # e.g. EIO from an attribute its driver cannot answer
+        finally:
+            os.close(fd)
+        if len(data) > MAX_ATTRIBUTE_BYTES:
+            self.refuse(path, f"longer than {MAX_ATTRIBUTE_BYTES} bytes, not a sysfs attribute")
+            return None
+        try:
+            return data.decode().strip()
+        except UnicodeDecodeError:
+            self.refuse(path, "not text")
+            return None
+
+    def link_name(self, link: str) -> str | None:
+        """The last component of what `link` resolves to (a PCI address), if it exists inside
+        the root."""
+        real = self.resolve(link)
+        return os.path.basename(real) if real else None
+
+    def entries(self, path: str) -> list[str]:
+        """Names in a folder (none when it is not one)."""
+        try:
+            with os.scandir(path) as it:
+                return [e.name for e in it]
+        except OSError:
+            return []
 
 
 class Collector:
@@ -91,68 +242,96 @@ class Collector:
         self.root = Path(root)
         self.node = node or os.environ.get("NODE_NAME") or socket.gethostname()
         self.warnings: list[str] = []
+        self.reader = SysfsReader(root, self.warnings)
 
     def sys(self, *parts: str) -> Path:
         return self.root.joinpath("sys", *parts)
 
     # -- readers ---------------------------------------------------------------------------
+    def _folder(self, path: Path) -> str | None:
+        """`path` resolved, if it is a folder inside the root."""
+        real = self.reader.resolve(str(path))
+        return real if real is not None and os.path.isdir(real) else None
+
+    def _device_folders(self, base: str, order: Any = None) -> list[tuple[str, str]]:
+        """(name, resolved folder) of each entry of `base`, sorted; entries that lead outside
+        the root or to something other than a folder are skipped with a warning."""
+        out = []
+        for name in sorted(self.reader.entries(base), key=order):
+            entry = os.path.join(base, name)
+            real = self.reader.resolve(entry)
+            if real is None:
+                continue
+            try:
+                mode = os.stat(real).st_mode
+            except OSError:
+                continue
+            if not stat.S_ISDIR(mode):
+                self.reader.refuse(entry, f"{_kind(mode)}, not a device folder")
+                continue
+            out.append((name, real))
+        return out
+
     def pci_devices(self) -> dict[str, _Pci]:
-        base = self.sys("bus", "pci", "devices")
+        base = self._folder(self.sys("bus", "pci", "devices"))
         out: dict[str, _Pci] = {}
-        if not base.is_dir():
-            self.warnings.append(f"{base}: not found; no PCI devices read")
+        if base is None:
+            self.warnings.append(f"{self.sys('bus', 'pci', 'devices')}: not found; no PCI devices read")
             return out
-        for entry in sorted(base.iterdir()):
-            real = os.path.realpath(entry)
-            dev = _Pci(addr=entry.name, path=_devices_part(real))
-            d = Path(real)
-            dev.cls = (_read(d / "class") or "").lower()
-            dev.vendor = (_read(d / "vendor") or "").lower()
-            dev.device = (_read(d / "device") or "").lower()
-            numa = _read(d / "numa_node")
+        read = self.reader.read
+        for name, d in self._device_folders(base):
+            dev = _Pci(addr=name, path=_devices_part(d))
+            dev.cls = (read(d + "/class") or "").lower()
+            dev.vendor = (read(d + "/vendor") or "").lower()
+            dev.device = (read(d + "/device") or "").lower()
+            numa = read(d + "/numa_node")
             try:
                 dev.numa = int(numa) if numa is not None and int(numa) >= 0 else None
             except ValueError:
                 dev.numa = None
-            if (d / "physfn").exists():
-                dev.physfn = _link_target_name(d / "physfn")
-            dev.virtfns = sorted(n for n in (_link_target_name(v) for v in d.glob("virtfn*")) if n)
+            if os.path.lexists(d + "/physfn"):
+                dev.physfn = self.reader.link_name(d + "/physfn")
             out[dev.addr] = dev
+        # A PF's VFs from the VFs' `physfn` links: one pass, instead of a listing of every
+        # PF's folder for its `virtfn<N>` links.
+        for dev in out.values():
+            if dev.physfn and dev.physfn in out:
+                out[dev.physfn].virtfns.append(dev.addr)
         return out
 
     def rdma_devices(self) -> dict[str, dict[str, Any]]:
-        base = self.sys("class", "infiniband")
+        base = self._folder(self.sys("class", "infiniband"))
         out: dict[str, dict[str, Any]] = {}
-        if not base.is_dir():
+        if base is None:
             return out
-        for entry in sorted(base.iterdir(), key=_natural):
-            d = Path(os.path.realpath(entry))
-            pci = _link_target_name(d / "device")
+        read = self.reader.read
+        for name, d in self._device_folders(base, _natural):
+            pci = self.reader.link_name(d + "/device")
             ports = []
-            for port in sorted((d / "ports").glob("*"), key=lambda p: (len(p.name), p.name)):
+            for port in sorted(self.reader.entries(d + "/ports"), key=lambda p: (len(p), p)):
+                p = f"{d}/ports/{port}"
                 ports.append(
                     {
-                        "port": int(port.name) if port.name.isdigit() else port.name,
-                        "linkLayer": _read(port / "link_layer"),
-                        "rate": _read(port / "rate"),
-                        "state": _read(port / "state"),
+                        "port": int(port) if port.isdigit() else port,
+                        "linkLayer": read(p + "/link_layer"),
+                        "rate": read(p + "/rate"),
+                        "state": read(p + "/state"),
                     }
                 )
-            out[entry.name] = {"pci": pci, "ports": ports}
+            out[name] = {"pci": pci, "ports": ports}
         return out
 
     def netdevs(self) -> dict[str, dict[str, Any]]:
-        base = self.sys("class", "net")
+        base = self._folder(self.sys("class", "net"))
         out: dict[str, dict[str, Any]] = {}
-        if not base.is_dir():
+        if base is None:
             return out
-        for entry in sorted(base.iterdir(), key=_natural):
-            d = Path(os.path.realpath(entry))
-            if not (d / "device").exists():
+        for name, d in self._device_folders(base, _natural):
+            if not os.path.lexists(d + "/device"):
                 continue  # virtual: lo, veth, bridges
-            out[entry.name] = {
-                "pci": _link_target_name(d / "device"),
-                "type": _ARPHRD.get(_read(d / "type") or ""),
+            out[name] = {
+                "pci": self.reader.link_name(d + "/device"),
+                "type": _ARPHRD.get(self.reader.read(d + "/type") or ""),
             }
         return out
 
@@ -160,7 +339,8 @@ class Collector:
         """The NVIDIA driver's `Model` and `GPU UUID` lines for the GPU (/proc/driver/nvidia/gpus/<bus>/
         information), where the driver is loaded and /proc is part of the root; the UUID is what
         NIXL spans name the local GPU by."""
-        text = _read(self.root / "proc" / "driver" / "nvidia" / "gpus" / addr / "information") or ""
+        info = self.root / "proc" / "driver" / "nvidia" / "gpus" / addr / "information"
+        text = self.reader.read(str(info)) or ""
         out = {}
         for line in text.splitlines():
             key, _, value = line.partition(":")
@@ -173,6 +353,10 @@ class Collector:
         pci = self.pci_devices()
         rdma = self.rdma_devices()
         nets = self.netdevs()
+        rdma_by_pci: dict[str, list[str]] = {}
+        for name, info in rdma.items():
+            if info["pci"]:
+                rdma_by_pci.setdefault(info["pci"], []).append(name)
         net_by_pci: dict[str, list[str]] = {}
         for name, info in nets.items():
             if info["pci"]:
@@ -216,7 +400,7 @@ class Collector:
                 nic["pciAddress"] = addr
             if d is None and addr:
                 self.warnings.append(f"{name}: PCI device {addr} not under /sys/bus/pci/devices")
-            nic.update(self._pci_facts(d, pci, net_by_pci, rdma))
+            nic.update(self._pci_facts(d, net_by_pci, rdma_by_pci))
             port = info["ports"][0] if info["ports"] else {}
             link = _LINK_LAYER.get(str(port.get("linkLayer") or "").lower())
             if link:
@@ -237,13 +421,15 @@ class Collector:
             link = next((nets[i]["type"] for i in ifs if nets[i]["type"]), None)
             if link:
                 nic["linkType"] = link
-            nic.update(self._pci_facts(d, pci, net_by_pci, rdma))
+            nic.update(self._pci_facts(d, net_by_pci, rdma_by_pci))
             nics.append(nic)
 
         node: dict[str, Any] = {"name": self.node, "gpus": gpus, "nics": nics}
         if topo_matrix:
             node["topoMatrix"] = topo_matrix
         collected: dict[str, Any] = {"by": COLLECTED_BY, "sysfsRoot": str(self.root)}
+        if self.reader.unlisted:
+            self.warnings.append(f"and {self.reader.unlisted} more entries skipped")
         if self.warnings:
             collected["warnings"] = list(self.warnings)
         return {
@@ -256,9 +442,8 @@ class Collector:
     @staticmethod
     def _pci_facts(
         d: _Pci | None,
-        pci: Mapping[str, _Pci],
         net_by_pci: Mapping[str, list[str]],
-        rdma: Mapping[str, Mapping[str, Any]],
+        rdma_by_pci: Mapping[str, list[str]],
     ) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if d is None:
@@ -272,7 +457,7 @@ class Collector:
         if d.physfn:
             out["pfPciAddress"] = d.physfn
             pf_ifs = net_by_pci.get(d.physfn, [])
-            pf_rdma = [n for n, i in rdma.items() if i["pci"] == d.physfn]
+            pf_rdma = rdma_by_pci.get(d.physfn, [])
             pf = pf_ifs[0] if len(pf_ifs) == 1 else pf_rdma[0] if len(pf_rdma) == 1 else None
             if pf:
                 out["pf"] = pf

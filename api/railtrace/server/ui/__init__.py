@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from importlib import resources
 from typing import Final
+from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import Response
@@ -24,8 +25,9 @@ ASSET_HEADERS: Final = {"cache-control": "public, max-age=3600", "x-content-type
 
 
 def request_path(ident: str) -> str:
-    """The UI page of one request (what exemplars, alerts and reports link to)."""
-    return f"/requests/{ident}"
+    """The UI page of one request (what exemplars, alerts and reports link to), the id
+    percent-encoded: request ids may hold `/`, `?` or `#`."""
+    return "/requests/" + quote(ident, safe="")
 
 
 def create_router() -> APIRouter:
@@ -37,7 +39,8 @@ def create_router() -> APIRouter:
     def page() -> Response:
         return Response(shell, media_type=MEDIA[".html"], headers=SHELL_HEADERS)
 
-    for path in ("/", "/requests", "/requests/{ident}", "/topology"):
+    # `{ident:path}`: an id holding `/` arrives as `%2F`, which the server decodes before routing.
+    for path in ("/", "/requests", "/requests/{ident:path}", "/topology"):
         router.add_api_route(path, page, methods=["GET", "HEAD"], response_class=Response)
 
     @router.api_route("/ui/static/{name}", methods=["GET", "HEAD"])

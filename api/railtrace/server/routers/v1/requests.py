@@ -68,8 +68,10 @@ async def list_requests(
 
 
 @router.get(
-    "/requests/{ident}",
-    summary="One request summary by trace id (any of its traces) or request id",
+    # `{ident:path}`: request ids (EPP x-request-ids, vLLM ids) may hold `/`, sent as `%2F`,
+    # which the server decodes before routing.
+    "/requests/{ident:path}",
+    summary="One request summary by trace id (any of its traces) or request id (percent-encoded)",
     response_model=dict[str, Any],
 )
 async def get_request(rt: RuntimeDep, ident: str) -> Response:

@@ -302,7 +302,7 @@ async function requestPage(main, ident) {
     main.replaceChildren(h("h1", {}, "Request"), h("p", { class: "bad", role: "alert" }, e.message));
     return;
   }
-  const trace = await maybe(`/api/v1/traces/${summary.trace_id}`);
+  const trace = await maybe(`/api/v1/traces/${encodeURIComponent(summary.trace_id)}`);
   const spans = trace.error ? [] : trace.spans;
   const kvSpan = spans.find((s) => s.role === "kv_transfer");
   const kv = summary.kv_transfer;
@@ -316,7 +316,7 @@ async function requestPage(main, ident) {
       tile("pairing level", summary.pairing_level || "—", null)),
     h("p", { class: "meta" }, `model ${summary.model || "—"} · started ${summary.start} · ${summary.span_count} spans · `,
       summary.complete ? "complete" : h("span", { class: "warn" }, "incomplete"), " · ",
-      h("a", { href: `/api/v1/requests/${summary.trace_id}` }, "JSON")),
+      h("a", { href: `/api/v1/requests/${encodeURIComponent(summary.trace_id)}` }, "JSON")),
     flagsSection(summary),
     ...[joinsSection(summary)].filter(Boolean),
     kvPathSection(summary, kvSpan),
