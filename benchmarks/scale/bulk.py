@@ -4,7 +4,8 @@ export calls, without HTTP in between.
 What runs is the service's own code, in worker processes instead of the server's threads:
 
 - **Insert workers** take the export-call bytes, drop content attributes with the server's
-  content filter, build rows with `railtrace.ingest.writer.prepare` (the receiver's step) and
+  content filter, build rows with `railtrace.otlp.export.prepare` (the receiver's step, with the
+  sender and claims stamp the receiver gives a call from loopback) and
   commit them with `Store.insert_batches` in groups of at most `write_batch_spans` spans (the
   writer's group commit). These are exactly the rows the server's writer commits; only
   `received_ns` (the commit's own clock) differs, as it does between any two server runs.
@@ -195,6 +196,7 @@ class Inserter:
 
     def __init__(self, db_url: str, batch_spans: int = 4096) -> None:
         from railtrace.otlp.content import content_filter
+        from railtrace.server.senders import sender_of, trusted_networks
         from railtrace.settings import Settings
         from railtrace.store import Store, make_engine
 
@@ -203,6 +205,14 @@ class Inserter:
         self.store = Store(self.engine)
         self.filter = content_filter(settings.drop_attributes)
         self.batch_spans = batch_spans or settings.write_batch_spans
+        # Who the receiver would say sent the calls, and who vouches for their k8s.* claims: a
+        # loader on this machine posts from loopback, under the service's settings.
+        self.sender = sender_of(
+            "127.0.0.1",
+            (),
+            trusted_networks(settings.trusted_proxies),
+            trusted_networks(settings.trusted_collectors),
+        )
 
     def insert(self, calls: Sequence[bytes]) -> tuple[int, int]:
         """Commit the calls' spans (group commits of up to `batch_spans`); (inserted, duplicates)."""
@@ -213,7 +223,13 @@ class Inserter:
         group: list[Any] = []
         size = 0
         for raw in calls:
-            batch = prepare(self.filter.apply(raw, media), media)
+            batch = prepare(
+                self.filter.apply(raw, media),
+                media,
+                content_free=self.filter.covers_content,
+                sender=self.sender.address,
+                claims=self.sender.claims,
+            )
             if group and size + len(batch) > self.batch_spans:
                 r = self.store.insert_batches(group)
                 inserted, duplicates = inserted + r.inserted, duplicates + r.duplicates
