@@ -187,7 +187,7 @@ def test_traceid_routing_reaches_every_sampler_and_railtrace() -> None:
     assert headless["spec"]["clusterIP"] == "None", "a ClusterIP would hide the pods from the resolver"
     tier2 = one(docs, "StatefulSet", "otelcol-sampler")
     assert headless["spec"]["selector"].items() <= tier2["spec"]["template"]["metadata"]["labels"].items()
-    assert lb["resolver"]["dns"]["port"] in {p["port"] for p in headless["spec"]["ports"]}
+    assert int(lb["resolver"]["dns"]["port"]) in {p["port"] for p in headless["spec"]["ports"]}
 
     exporters = _config_of(docs, tier2)["exporters"]
     endpoint = exporters["otlphttp/railtrace"]["endpoint"]
