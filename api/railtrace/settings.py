@@ -89,8 +89,11 @@ class Settings(BaseSettings):
         ),
     )
     max_trace_wait_s: float = Field(300.0, description="Assemble even without an ended root after this.")
+    # Well above the 32 traces one request id stitches: a group of a request and the junk traces
+    # sent later with its ids must stay whole, so that the join rules (not a cut by trace id)
+    # decide which hops are the request's. max_group_spans bounds memory.
     max_group_traces: int = Field(
-        32,
+        1000,
         ge=1,
         description="Traces assembled as one stitched request at most; a group of traces linked by request"
         " ids that holds more is split into parts of consecutive trace ids, each noted in its coverage.",
