@@ -3,11 +3,13 @@ id percent-encoded (`%2F`), the page is served, and the page asks the API for th
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlalchemy import create_engine, insert, select
+import pytest
+from sqlalchemy import create_engine, delete, insert, select
 
 from railtrace.server.ui import request_path
 from railtrace.store.schema import requests
@@ -33,8 +35,28 @@ def _add_request(filled: Path) -> None:
         engine.dispose()
 
 
-def test_a_request_id_with_a_slash_has_its_page(filled: Path, page: Page, service: Any) -> None:
+def _remove_request(filled: Path) -> None:
+    """The shared demo database as the other UI tests know it: its request count, and every
+    request with its spans (this row has none)."""
+    engine = create_engine(f"sqlite:///{filled / 'railtrace.db'}")
+    try:
+        with engine.begin() as conn:
+            conn.execute(delete(requests).where(requests.c.trace_id == TID))
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def slashed_request(filled: Path) -> Iterator[None]:
     _add_request(filled)
+    try:
+        yield
+    finally:
+        _remove_request(filled)
+
+
+@pytest.mark.usefixtures("slashed_request")
+def test_a_request_id_with_a_slash_has_its_page(page: Page, service: Any) -> None:
     asked: list[str] = []
     page.page.on("request", lambda r: asked.append(r.url) if "/api/v1/requests/" in r.url else None)
     p = page.open(request_path(RID))
