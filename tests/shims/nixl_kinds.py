@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     exporter = InMemorySpanExporter()
     provider = TracerProvider(
         resource=Resource.create(
-            {"service.name": "vllm-prefill", "k8s.pod.name": "prefill-0", "k8s.node.name": "node-p"}
+            {"service.name": "vllm-decode", "k8s.pod.name": "decode-0", "k8s.node.name": "node-d"}
         )
     )
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -149,7 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if user == "kv":
                 with tracer.start_as_current_span("llm_request") as req_span:
-                    params = {"remote_engine_id": "decode-engine-1", "trace_headers": inject_context({})}
+                    params = {
+                        "remote_engine_id": "prefill-engine-7",
+                        "remote_host": "10.0.0.7",
+                        "trace_headers": inject_context({}),
+                    }
                     with kv_transfer_scope(args.request_id, kv_transfer_params=params, local_gpu="0"):
                         state, moved = _kv_strided(agent, peer, buf, remote_addr)
                 result["request_span_id"] = f"{req_span.get_span_context().span_id:016x}"
