@@ -54,7 +54,7 @@ class _NoCudaBackends(importlib.abc.MetaPathFinder):
 def _load_like_meta_package() -> str:
     """Resolve NIXL's backend as its meta package does without a CUDA stack (nixl 1.5.1,
     `nixl/__init__.py` l.37-45: the first of nixl_cu13, nixl_cu12, nixl_rocm that imports) and
-    alias its `_api` as `nixl._api` (l.49-52). Returns the backend's name."""
+    alias its `_api` as `nixl._api` (l.50-55). Returns the backend's name."""
     for name in ("nixl_cu13", "nixl_cu12", "nixl_rocm"):
         try:
             backend = importlib.import_module(name)

@@ -6,8 +6,11 @@ each agent is a stand-in named like vLLM's module (vLLM needs a GPU).
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
+import os
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -19,6 +22,7 @@ import pytest
 from railtrace_tracing import semconv as sc
 from railtrace_tracing.kv_transfer import vllm as vllm_hook
 from railtrace_tracing.kv_transfer.recorder import StridedDescriptors, descriptor_bytes
+from tests.shims import vllm_wheels
 from tests.shims.test_nixl_transfer import run_nixl_module
 
 try:
@@ -27,6 +31,11 @@ try:
     HAVE_NIXL = True
 except Exception:
     HAVE_NIXL = False
+
+
+# How vLLM's code calls NIXL's agent class: `NixlWrapper` (vllm.distributed.nixl_utils) or the
+# local alias `nixl_wrapper_cls` (from 0.21.0).
+AGENT_FACTORIES = frozenset({"NixlWrapper", "nixl_wrapper_cls", "nixl_agent"})
 
 
 def _result(proc: Any) -> dict[str, Any]:
@@ -86,9 +95,6 @@ def test_nixl_loaded_as_nixl_rocm_is_patched_and_traced(tmp_path: Path) -> None:
 
 
 def _run_rocm(tmp_path: Path, root: Path) -> Any:
-    import os
-    import subprocess
-
     from tests.shims.test_nixl_transfer import ROOT
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "RAILTRACE_", "NIXL_"))}
@@ -173,3 +179,31 @@ def test_strided_descriptor_bytes() -> None:
     assert descriptor_bytes(rows, [1, 3]) == (4096 + 512, 2)
     # N×3 lists keep their per-row reading
     assert descriptor_bytes(np.array([[0, 100, 0], [0, 50, 0]])) == (150, 2)
+
+
+@pytest.mark.parametrize("version", vllm_wheels.versions())
+def test_the_kv_connector_agent_of_every_release_is_traced_as_kv(
+    version: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In each release's own source (the wheel), every module of the KV-transfer tree that creates
+    a NIXL agent (`NixlWrapper(...)` or vLLM's `nixl_wrapper_cls(...)`) is one the shim traces
+    as KV, and there is at least one."""
+    if not vllm_wheels.have(version):
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"vLLM {version} wheel missing from {vllm_wheels.CACHE}: run scripts/setup-test-env")
+        pytest.skip(f"vLLM {version} not in {vllm_wheels.CACHE} (scripts/setup-test-env fetches it)")
+    root = vllm_wheels.tree(version)
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    creators = []
+    for path in sorted((root / "vllm" / "distributed" / "kv_transfer").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        calls = [
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in AGENT_FACTORIES
+        ]
+        if calls:
+            creators.append(".".join(path.relative_to(root).with_suffix("").parts))
+    assert creators, f"vLLM {version}: no NIXL agent created in the KV-transfer tree"
+    for module in creators:
+        assert vllm_hook.agent_kind(module) == vllm_hook.KIND_KV, (version, module)

@@ -1,6 +1,11 @@
-"""`NixlKVTransferInstrumentor`: one `llm_d.kv_transfer` span per NIXL transfer.
+"""`NixlKVTransferInstrumentor`: one `llm_d.kv_transfer` span per NIXL transfer of a KV connector.
 
-Patches `nixl_agent` (nixl / nixl_cu12 / nixl_cu13 `_api`): `initialize_xfer` and
+Each agent is classified when it is created, by the module creating it (`vllm.agent_kind`): in
+a vLLM process only the NIXL KV connector's agents give `llm_d.kv_transfer`, the encoder-cache
+connector's give `llm_d.ec_transfer`, and the others (EPLB, KV offload) no span; the emitter
+reads that mark, the per-transfer patches do not.
+
+Patches `nixl_agent` (nixl / nixl_cu12 / nixl_cu13 / nixl_rocm `_api`): `initialize_xfer` and
 `make_prepped_xfer` make the handle's record (what it will move), `transfer` notes the post
 time, the request's scope and the trace context (by reference), `transfer` or
 `check_xfer_state` note the end when NIXL reports DONE or ERR, `get_xfer_telemetry` keeps the
@@ -54,7 +59,7 @@ _NIXL_PREFIX = "nixl"
 _PASS_THROUGH = ("railtrace_tracing.kv_transfer", "wrapt")
 
 # The modules whose `nixl_agent` the shim patches. NIXL's meta package `nixl` (nixl 1.5.1,
-# `nixl/__init__.py` l.22-52) imports `nixl_cu<major>` for the CUDA it detects, else the first
+# `nixl/__init__.py` l.23-55) imports `nixl_cu<major>` for the CUDA it detects, else the first
 # of `nixl_cu13`, `nixl_cu12`, `nixl_rocm` that imports, and aliases its `_api` as `nixl._api`;
 # vLLM imports `nixl_rocm._api` itself on ROCm (vllm/distributed/nixl_utils.py l.40-48, 0.34.0).
 NIXL_MODULES = ("nixl._api", "nixl_cu12._api", "nixl_cu13._api", "nixl_rocm._api")
