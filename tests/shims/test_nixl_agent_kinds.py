@@ -45,8 +45,11 @@ def _result(proc: Any) -> dict[str, Any]:
 
 @pytest.mark.nixl
 @pytest.mark.skipif(not HAVE_NIXL, reason="nixl_cu12 not importable")
-def test_only_the_kv_connector_makes_kv_spans_and_the_ec_connector_its_own(tmp_path: Path) -> None:
-    result = _result(run_nixl_module("tests.shims.nixl_kinds", tmp_path))
+@pytest.mark.parametrize("hot_path", ["auto", "python"])  # the C hot path where built, and without
+def test_only_the_kv_connector_makes_kv_spans_and_the_ec_connector_its_own(
+    tmp_path: Path, hot_path: str
+) -> None:
+    result = _result(run_nixl_module("tests.shims.nixl_kinds", tmp_path, **{sc.ENV_KV_HOT_PATH: hot_path}))
     assert {u: t["state"] for u, t in result["transfers"].items()} == dict.fromkeys(
         ("eplb", "offload", "kv", "ec"), "DONE"
     )
@@ -66,7 +69,7 @@ def test_only_the_kv_connector_makes_kv_spans_and_the_ec_connector_its_own(tmp_p
     assert sc.KV_REQUEST_ID not in ec["attributes"]
 
 
-def _rocm_package(root: Path) -> Path:
+def rocm_package(root: Path) -> Path:
     """A `nixl_rocm` package made of nixl-cu12's own files (NIXL's ROCm wheel has the same
     layout: `_api`, `_bindings`, `_utils`, `logging`), its bundled libraries beside it."""
     src = Path(nixl_cu12.__file__).parent
@@ -85,7 +88,7 @@ def _rocm_package(root: Path) -> Path:
 @pytest.mark.nixl
 @pytest.mark.skipif(not HAVE_NIXL, reason="nixl_cu12 not importable")
 def test_nixl_loaded_as_nixl_rocm_is_patched_and_traced(tmp_path: Path) -> None:
-    proc = _run_rocm(tmp_path, _rocm_package(tmp_path / "rocm"))
+    proc = _run_rocm(tmp_path, rocm_package(tmp_path / "rocm"))
     result = _result(proc)
     assert result["backend"] == "nixl_rocm" and result["nixl_agent_module"] == "nixl_rocm._api"
     assert result["patched"] == ["nixl_rocm._api.nixl_agent"]

@@ -131,6 +131,41 @@ def test_tcp_run_is_flagged_and_cma_run_is_not(tmp_path: Path) -> None:
         assert "tcp_fallback" not in {f["name"] for f in s_shm["flags"]}
 
 
+def _kinds(tmp_path: Path, url: str, *extra: str) -> dict[str, Any]:
+    """Run tests/shims/nixl_kinds.py (real NIXL) exporting to `url`; its RTRESULT."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "RAILTRACE_", "NIXL_", "OTEL_"))}
+    env.update({"UCX_NET_DEVICES": "lo", "RAILTRACE_UCX_LOG": str(tmp_path / "ucx.%p.log")})
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.shims.nixl_kinds", "--otlp-url", url, *extra],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RTRESULT "))
+    return json.loads(line.split(" ", 1)[1])  # type: ignore[no-any-return]
+
+
+def test_nixl_rocm_transfer_makes_its_kv_request(tmp_path: Path, db_url: str) -> None:
+    """NIXL loaded as `nixl_rocm` (resolved as NIXL's meta package does): the KV connector's
+    transfer reaches a running service as a KV request."""
+    from tests.service_helpers import wait_for
+    from tests.shims.test_nixl_agent_kinds import rocm_package
+
+    with _service(tmp_path, db_url) as svc, httpx.Client(base_url=svc.http_url, timeout=10) as client:
+        result = _kinds(tmp_path, svc.http_url, "--rocm", str(rocm_package(tmp_path / "rocm")))
+        assert result["patched"] == ["nixl_rocm._api.nixl_agent"]
+        [kv] = result["spans"]
+        summary = wait_for(
+            lambda: (r := client.get(f"/api/v1/requests/{kv['trace_id']}")).status_code == 200 and r.json(),
+            what="the request of the nixl_rocm transfer",
+        )
+        assert summary["request_id"] == "kv-kinds-0" and summary["kv_transfer"]["bytes"] == 5 * 4096
+        assert summary["kv_transfer"]["transport"] == "shm"
+
+
 def test_eplb_offload_and_ec_transfers_in_a_kv_connector_process_make_no_request(
     tmp_path: Path, db_url: str
 ) -> None:
@@ -140,20 +175,7 @@ def test_eplb_offload_and_ec_transfers_in_a_kv_connector_process_make_no_request
     from tests.service_helpers import metric_sum, wait_for
 
     with _service(tmp_path, db_url) as svc, httpx.Client(base_url=svc.http_url, timeout=10) as client:
-        env = {
-            k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "RAILTRACE_", "NIXL_", "OTEL_"))
-        }
-        env.update({"UCX_NET_DEVICES": "lo", "RAILTRACE_UCX_LOG": str(tmp_path / "ucx.%p.log")})
-        proc = subprocess.run(
-            [sys.executable, "-m", "tests.shims.nixl_kinds", "--otlp-url", svc.http_url],
-            cwd=ROOT,
-            env=env,
-            check=True,
-            timeout=120,
-            capture_output=True,
-            text=True,
-        )
-        result = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RTRESULT "))[9:])
+        result = _kinds(tmp_path, svc.http_url)
         assert {u: t["state"] for u, t in result["transfers"].items()} == dict.fromkeys(
             ("eplb", "offload", "kv", "ec"), "DONE"
         )
