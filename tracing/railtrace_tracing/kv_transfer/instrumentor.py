@@ -50,8 +50,9 @@ from railtrace_tracing.kv_transfer.recorder import (
 )
 from railtrace_tracing.kv_transfer.ucx_capture import UcxLogCapture
 
-KIND_KV = "kv"  # = vllm.KIND_KV: a KV connector's agent (or any agent outside vLLM)
-KIND_EC = "ec"  # = vllm.KIND_EC: vLLM's encoder-cache connector
+# What an agent's transfers are, noted at its creation (`vllm.agent_kind`); None: not traced.
+KIND_KV = "kv"  # a KV connector's agent (or any agent outside vLLM): `llm_d.kv_transfer`
+KIND_EC = "ec"  # vLLM's encoder-cache connector: `llm_d.ec_transfer`
 _SPAN_BY_KIND = {KIND_KV: sc.SPAN_KV_TRANSFER, KIND_EC: sc.SPAN_EC_TRANSFER}
 # Modules skipped when looking for the code that creates an agent: NIXL's (`nixl`, `nixl_cu12`,
 # `nixl_rocm`, ...), the shim's and wrapt's.

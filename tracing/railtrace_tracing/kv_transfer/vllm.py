@@ -41,7 +41,13 @@ import wrapt
 
 from railtrace_tracing import semconv as sc
 from railtrace_tracing._common import logger
-from railtrace_tracing.kv_transfer.instrumentor import _SCOPE, TransferScope, kv_transfer_scope
+from railtrace_tracing.kv_transfer.instrumentor import (
+    _SCOPE,
+    KIND_EC,
+    KIND_KV,
+    TransferScope,
+    kv_transfer_scope,
+)
 
 SUPPORTED = ("0.11.0", "0.34.0")  # oldest and newest release; every release between was read
 # The releases CI checks against their wheels: the oldest, each side of every layout change, the newest,
@@ -196,8 +202,6 @@ def vllm_version() -> str:
 #   (`vllm/v1/kv_offload/tiering/obj/manager.py`, `.../p2p/data/nixl.py`, 0.34.0), libraries
 #   such as Ray's NIXL transport or KVCR -> not traced: their transfers serve no request.
 # Outside vLLM (no `vllm` module loaded) every agent is traced as a KV agent (the shim's API).
-KIND_KV = "kv"
-KIND_EC = "ec"
 EC_PACKAGE = "vllm.distributed.ec_transfer"
 
 
