@@ -78,6 +78,27 @@ def _transfer(agent: Any, peer: str, local: Any, remote: Any) -> str:
     return str(state)
 
 
+def _eplb(agent: Any, peer: str, buf: np.ndarray, remote_addr: int, rounds: int = 3) -> str:
+    """EPLB's shape (vllm/distributed/eplb/eplb_communicator.py l.611-681, vLLM 0.34.0): per
+    transfer, both lists prepared, one prepped READ, then the lists released."""
+    state = ""
+    for _ in range(rounds):
+        descs = [(buf.ctypes.data + i * BLOCK, BLOCK, 0) for i in range(NBLOCKS)]
+        rdescs = [(remote_addr + i * BLOCK, BLOCK, 0) for i in range(NBLOCKS)]
+        local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", agent.get_xfer_descs(descs, "DRAM"))
+        remote = agent.prep_xfer_dlist(peer, agent.get_xfer_descs(rdescs, "DRAM"))
+        idx = np.arange(NBLOCKS, dtype=np.int32)
+        handle = agent.make_prepped_xfer("READ", local, idx, remote, idx)
+        state = agent.transfer(handle)
+        deadline = time.monotonic() + 30
+        while state not in ("DONE", "ERR") and time.monotonic() < deadline:
+            state = agent.check_xfer_state(handle)
+        agent.release_xfer_handle(handle)
+        agent.release_dlist_handle(local)
+        agent.release_dlist_handle(remote)
+    return str(state)
+
+
 def _kv_strided(agent: Any, peer: str, buf: np.ndarray, remote_addr: int) -> tuple[str, int]:
     """The KV connector's read: local and remote lists prepared as N×5 rows `(addr, len, dev,
     stride, count)` (two rows each), blocks picked by index in the expanded list."""
@@ -137,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         result["nixl_agent_module"] = sys.modules["nixl._api"].nixl_agent.__module__
     tracer = provider.get_tracer("vllm-stand-in")
     size = BLOCK * NBLOCKS
+    dlists_after_eplb: list[int] = []
     for user in users:
         buf = np.zeros(size, dtype=np.uint8)
         target, agent, peer, remote_addr = call_as(
@@ -162,16 +184,21 @@ def main(argv: list[str] | None = None) -> int:
                     np.array_equal(buf[i * BLOCK : (i + 1) * BLOCK], expect[i * BLOCK : (i + 1) * BLOCK])
                     for i in PICKED
                 )
+            elif user == "eplb":
+                state, moved = _eplb(agent, peer, buf, remote_addr), size
             else:
                 local = agent.get_xfer_descs([(buf.ctypes.data, size, 0)], "DRAM")
                 remote = agent.get_xfer_descs([(remote_addr, size, 0)], "DRAM")
                 state, moved = _transfer(agent, peer, local, remote), size
             result["transfers"][user] = {"state": state, "bytes": moved}
+            if user == "eplb":
+                dlists_after_eplb.append(len(inst._dlists))  # what the shim kept of its lists
         finally:
             if target.stdin is not None:
                 target.stdin.write("bye\n")
                 target.stdin.flush()
             target.wait(timeout=30)
+    result["dlists_after_eplb"] = dlists_after_eplb[0] if dlists_after_eplb else None
     result["patched"] = [f"{c.__module__}.{c.__qualname__}" for c in inst._patched]
     inst.force_flush()
     provider.force_flush()

@@ -54,6 +54,7 @@ def test_only_the_kv_connector_makes_kv_spans_and_the_ec_connector_its_own(
         ("eplb", "offload", "kv", "ec"), "DONE"
     )
     assert result["verified"] is True
+    assert result["dlists_after_eplb"] == 0  # nothing kept of EPLB's per-transfer lists
     names = sorted(s["name"] for s in result["spans"])
     assert names == [sc.SPAN_EC_TRANSFER, sc.SPAN_KV_TRANSFER]  # nothing from EPLB or KV offload
     [kv] = [s for s in result["spans"] if s["name"] == sc.SPAN_KV_TRANSFER]

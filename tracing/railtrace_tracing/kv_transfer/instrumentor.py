@@ -420,6 +420,10 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         def prep_xfer_dlist(agent: Any, *args: Any, **kwargs: Any) -> Any:
             handle = original(agent, *args, **kwargs)
             try:  # once per registration, not per transfer
+                if _kind_of(agent) not in _SPAN_BY_KIND:
+                    # Not traced: nothing to note. vLLM's EPLB prepares and releases lists per
+                    # transfer (eplb_communicator.py l.614-681, 0.34.0); noting them would grow.
+                    return handle
                 owner = kwargs.get("agent_name", args[0] if args else "")
                 lens = _lengths(kwargs.get("xfer_list", args[1] if len(args) > 1 else None))
                 if lens is not None and _np is not None and type(lens) is not StridedDescriptors:
