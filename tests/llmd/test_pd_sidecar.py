@@ -70,6 +70,7 @@ CANONICAL = {
     "llm_d.pd_proxy.decode": ("decode", "decode"),
 }
 MAX_TOKENS = 8
+FAST_BATCHES = {"OTEL_BSP_SCHEDULE_DELAY": "100"}  # Go's and Python's SDKs read it: spans leave in 0.1 s
 
 
 def _spans_of(base: str, trace_id: str) -> list[dict[str, Any]]:
@@ -82,13 +83,38 @@ def _engine_log(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def _start_sidecar(binary: Path, log_dir: Path, otlp: str, decode_port: int) -> tuple[Proc, int]:
+    """The sidecar in front of the decode engine on `decode_port`, tracing to `otlp`, every request
+    sampled. The endpoint is a URL: InitTracing strips the scheme, and the OTLP exporter, which
+    reads the variable too, logs a parse error for a bare host:port. v0.7.1 listens on every
+    interface (proxy_helpers.go `net.Listen("tcp", ":"+port)`, no flag); the port is a free one
+    and the process lives only for its test."""
+    port = free_port()
+    proc = Proc(
+        "pd-sidecar",
+        [
+            str(binary),
+            "--port",
+            str(port),
+            "--vllm-port",
+            str(decode_port),
+            "--kv-connector",
+            "nixlv2",
+            "--secure-proxy=false",
+        ],
+        log_dir,
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{otlp}", "OTEL_TRACES_SAMPLER_ARG": "1", **FAST_BATCHES},
+    )
+    proc.wait_port(port)
+    return proc, port
+
+
 @pytest.mark.parametrize("client", ["untraced", "traced"])
 def test_real_sidecar_into_railtrace(db_url: str, tmp_path: Path, client: str) -> None:
     sidecar_bin = llmd_binary("pd-sidecar")
     serve, base, grpc_port = railtrace_serve(db_url, tmp_path)
     procs = [serve]
     otlp = f"127.0.0.1:{grpc_port}"
-    fast_batches = {"OTEL_BSP_SCHEDULE_DELAY": "100"}  # both SDKs read it; spans leave within 0.1 s
     try:
         ports = {"prefill": free_port(), "decode": free_port()}
         for role, port in ports.items():
@@ -106,30 +132,12 @@ def test_real_sidecar_into_railtrace(db_url: str, tmp_path: Path, client: str) -
                     str(tmp_path / f"{role}.jsonl"),
                 ],
                 tmp_path,
-                {"OTEL_SERVICE_NAME": f"vllm-{role}", **fast_batches},
+                {"OTEL_SERVICE_NAME": f"vllm-{role}", **FAST_BATCHES},
             )
             procs.append(engine)
             engine.wait_port(port)
-        sidecar_port = free_port()
-        # v0.7.1 listens on every interface (proxy_helpers.go `net.Listen("tcp", ":"+port)`, no
-        # flag); the port is a free one and the process lives only for this test.
-        sidecar = Proc(
-            "pd-sidecar",
-            [
-                str(sidecar_bin),
-                "--port",
-                str(sidecar_port),
-                "--vllm-port",
-                str(ports["decode"]),
-                "--kv-connector",
-                "nixlv2",
-                "--secure-proxy=false",
-            ],
-            tmp_path,
-            {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_TRACES_SAMPLER_ARG": "1", **fast_batches},
-        )
+        sidecar, sidecar_port = _start_sidecar(sidecar_bin, tmp_path, otlp, ports["decode"])
         procs.append(sidecar)
-        sidecar.wait_port(sidecar_port)
 
         headers = {"x-prefiller-host-port": f"127.0.0.1:{ports['prefill']}"}
         body = {
@@ -155,7 +163,7 @@ def test_real_sidecar_into_railtrace(db_url: str, tmp_path: Path, client: str) -
         else:
             reply = httpx.post(url, headers=headers, json=body, timeout=60)
         assert reply.status_code == 200, reply.text
-        for p in procs[1:]:  # SIGTERM: each flushes its batch
+        for p in procs[1:3]:  # the engines; SIGTERM: each flushes its batch
             assert p.stop() == 0, p.log()
 
         # What the sidecar sent each engine.
@@ -262,6 +270,91 @@ def test_real_sidecar_into_railtrace(db_url: str, tmp_path: Path, client: str) -
             assert r.status_code == 200 and r.json()["trace_id"] == sidecar_trace, ident
         listed = httpx.get(f"{base}/api/v1/requests", timeout=30).json()["items"]
         assert [r["trace_id"] for r in listed] == [sidecar_trace]
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+
+def test_real_sidecar_with_llmd_inference_sim(db_url: str, tmp_path: Path) -> None:
+    """The sidecar between two of llm-d's own engine simulators (llm-d-inference-sim v0.10.2, P/D
+    `kv_transfer_params` and all): upstream code on every hop. The simulator traces nothing, so
+    railtrace has the sidecar's four spans alone and must still make one request of them, both
+    legs from the sidecar's `prefill` and `decode`, with no flag."""
+    sidecar_bin, sim_bin = llmd_binary("pd-sidecar"), llmd_binary("llm-d-inference-sim")
+    serve, base, grpc_port = railtrace_serve(db_url, tmp_path)
+    procs = [serve]
+    try:
+        ports = {"prefill": free_port(), "decode": free_port()}
+        for role, port in ports.items():
+            # Listens on every interface too (its HTTP and gRPC on one port, no address flag).
+            sim = Proc(
+                f"sim-{role}",
+                [
+                    str(sim_bin),
+                    "--port",
+                    str(port),
+                    "--model",
+                    "m",
+                    "--time-to-first-token",
+                    "20ms",
+                    "--inter-token-latency",
+                    "2ms",
+                ],
+                tmp_path,
+            )
+            procs.append(sim)
+            sim.wait_port(port)
+        sidecar, sidecar_port = _start_sidecar(
+            sidecar_bin, tmp_path, f"127.0.0.1:{grpc_port}", ports["decode"]
+        )
+        procs.append(sidecar)
+        reply = httpx.post(
+            f"http://127.0.0.1:{sidecar_port}/v1/chat/completions",
+            headers={"x-prefiller-host-port": f"127.0.0.1:{ports['prefill']}"},
+            json={
+                "model": "m",
+                "messages": [{"role": "user", "content": "hello " * 40}],
+                "max_tokens": MAX_TOKENS,
+            },
+            timeout=60,
+        )
+        assert reply.status_code == 200, reply.text
+        # The decode simulator's answer (the prefill one ends with `remote_decode`).
+        assert reply.json()["choices"][0]["finish_reason"] in ("stop", "length"), reply.text
+        # The sidecar stays up until its spans are in: v0.7.1 (and v0.8.0) flush at SIGTERM with
+        # the signal's context, already cancelled, so the last batch is dropped (cmd/pd-sidecar/main.go;
+        # v0.9.0 shuts down with context.Background()).
+
+        def assembled() -> dict[str, Any] | None:
+            items = httpx.get(f"{base}/api/v1/requests", timeout=30).json()["items"]
+            return items[0] if len(items) == 1 and items[0]["span_count"] == len(SIDECAR_SPANS) else None
+
+        summary = wait_for(assembled, timeout=60, what="the request assembled from the sidecar's spans")
+        spans = {s["name"]: s for s in _spans_of(base, summary["trace_id"])}
+        assert set(spans) == set(SIDECAR_SPANS)
+        for name, (kind, scope) in SIDECAR_SPANS.items():
+            s = spans[name]
+            assert (s["kind"], s["scope_name"], s["service_name"]) == (
+                kind.value + 1,
+                scope,
+                SIDECAR_SERVICE,
+            ), s
+            assert (s["canonical_name"], s["role"]) == CANONICAL[name], s
+        server, root, prefill, decode = (spans[n] for n in SIDECAR_SPANS)
+        assert server["parent_span_id"] is None
+        assert root["parent_span_id"] == server["span_id"]
+        assert prefill["parent_span_id"] == root["span_id"]
+        assert decode["parent_span_id"] == prefill["span_id"]
+        sidecar_id = prefill["attributes"]["llm_d.pd_proxy.request_id"]
+        assert decode["attributes"]["llm_d.pd_proxy.request_id"] == sidecar_id
+        assert prefill["attributes"]["llm_d.pd_proxy.prefill.status_code"] == 200
+        assert decode["attributes"]["llm_d.pd_proxy.decode.target"] == f"localhost:{ports['decode']}"
+        assert summary["trace_ids"] == [server["trace_id"]] == [summary["trace_id"]]
+        assert summary["request_id"] == sidecar_id
+        assert summary["flags"] == []
+        assert summary["coverage"]["hops"] == ["sidecar"]
+        r = httpx.get(f"{base}/api/v1/requests/{sidecar_id}", timeout=30)
+        assert r.status_code == 200 and r.json()["trace_id"] == summary["trace_id"]
     finally:
         for p in reversed(procs):
             p.stop()
