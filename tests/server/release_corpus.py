@@ -39,7 +39,7 @@ class Release:
     sidecar_injects: bool  # sidecar's otelhttp transport injects into vLLM (PR #1667, v0.10.0)
     # The sidecar's own spans' scope: `llm-d-inference-scheduler` <= v0.8.0
     # (pkg/telemetry/tracing.go `instrumentationName`, seen from the v0.7.1 binary in tests/llmd/),
-    # `llm-d-router` at v0.9.0 (pkg/common/observability/tracing/telemetry.go).
+    # `llm-d-router/pkg/sidecar/proxy` from v0.9.0 (pkg/sidecar/proxy/constants.go `tracerScope`).
     sidecar_scope: str = "llm-d-router/pkg/sidecar/proxy"
 
 
@@ -68,7 +68,6 @@ RELEASES = [
         "prepare_disaggregation",
         False,
         False,
-        "llm-d-router",
     ),
     *(
         Release(
