@@ -37,6 +37,10 @@ class Release:
     prepare: str
     pick_endpoints: bool  # the scheduling subtree (pick_endpoints with endpoint ids), v0.10+
     sidecar_injects: bool  # sidecar's otelhttp transport injects into vLLM (PR #1667, v0.10.0)
+    # The sidecar's own spans' scope: `llm-d-inference-scheduler` <= v0.8.0
+    # (pkg/telemetry/tracing.go `instrumentationName`, seen from the v0.7.1 binary in tests/llmd/),
+    # `llm-d-router/pkg/sidecar/proxy` from v0.9.0 (pkg/sidecar/proxy/constants.go `tracerScope`).
+    sidecar_scope: str = "llm-d-router/pkg/sidecar/proxy"
 
 
 RELEASES = [
@@ -51,6 +55,7 @@ RELEASES = [
         "llm_d.epp.prerequest.disaggregation",
         False,
         False,
+        "llm-d-inference-scheduler",
     ),
     Release(
         "v0.9.0",
@@ -81,6 +86,10 @@ RELEASES = [
     ),
 ]
 RECIPES = ("full", "decode_only")
+# The sidecar's server span, from otelhttp.NewHandler (pkg/sidecar/proxy/proxy_helpers.go, v0.8.0
+# to HEAD): `llm_d.pd_proxy.<METHOD> <path>`, the parent of its root span.
+OTELHTTP_SCOPE = "go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+SIDECAR_SERVER_SPAN = "llm_d.pd_proxy.POST /v1/chat/completions"
 
 
 @dataclass(frozen=True)
@@ -115,9 +124,11 @@ class Process:
         attrs: dict[str, Any],
         parent: Any = None,
         kind: Any = None,
+        scope: str | None = None,
     ) -> Any:
         ctx = trace.set_span_in_context(parent) if parent is not None else None
-        span = self.tracer.start_span(
+        tracer = self.provider.get_tracer(scope) if scope else self.tracer
+        span = tracer.start_span(
             name,
             context=ctx,
             kind=kind or trace.SpanKind.INTERNAL,
@@ -225,7 +236,7 @@ def emit(
     sidecar = Process(
         url,
         shaped({"service.name": "routing-proxy"}, decode),
-        "llm-d-router/pkg/sidecar/proxy",
+        rel.sidecar_scope,
         via(decode),
         grpc=True,
     )
@@ -284,8 +295,17 @@ def emit(
         orch,
     )
     # Envoy forwards the EPP's injected traceparent to the sidecar: its spans join the EPP's trace.
+    server = sidecar.span(
+        SIDECAR_SERVER_SPAN,
+        2,
+        3000,
+        {"http.request.method": "POST", "url.path": "/v1/chat/completions", "http.response.status_code": 200},
+        gateway,
+        trace.SpanKind.SERVER,
+        scope=OTELHTTP_SCOPE,
+    )
     root = sidecar.span(
-        rel.sidecar_root, 2, 3000, {"llm_d.pd_proxy.connector": "nixlv2"}, gateway, trace.SpanKind.SERVER
+        rel.sidecar_root, 2, 3000, {"llm_d.pd_proxy.connector": "nixlv2"}, server, trace.SpanKind.SERVER
     )
     common = {"llm_d.pd_proxy.request_id": sidecar_id, "llm_d.pd_proxy.connector": "nixlv2"}
     pre = sidecar.span(
@@ -305,7 +325,10 @@ def emit(
         pre,  # nixlv2: decode is a child of prefill
     )
     gateway.end(end_time=T0 + 3001 * MS)
-    p_parent, d_parent = (pre, dec) if rel.sidecar_injects else (None, None)
+    # A sidecar that does not inject forwards the headers it received, the EPP's traceparent
+    # included (the nixlv2 connector clones the request): vLLM's spans are the EPP span's
+    # children, not roots of their own (seen from the v0.7.1 binary in tests/llmd/).
+    p_parent, d_parent = (pre, dec) if rel.sidecar_injects else (gateway, gateway)
     p_span = prefill_vllm.span(
         "llm_request", 3, 50, llm_request(1, 1, 0.045, 0.001, 0.047, public), p_parent, trace.SpanKind.SERVER
     )
@@ -331,7 +354,7 @@ def emit(
     )
     ids["kv_trace"] = format(kv.context.trace_id, "032x")
     ids["traces"] = sorted(
-        {format(s.context.trace_id, "032x") for s in (gateway, root, p_span, d_span, kv)},
+        {format(s.context.trace_id, "032x") for s in (gateway, server, root, p_span, d_span, kv)},
         key=lambda t: t != format(gateway.context.trace_id, "032x"),
     )
     for p in processes:
