@@ -186,6 +186,9 @@ class KVSummary:
     duration_s: float | None = None
     devices: list[str] = field(default_factory=list)
     evidence: str | None = None
+    # The P2P source the transfer was judged against instead of the prefill pod (five leg
+    # keys); the summary has the key only when there is one.
+    source: dict[str, str | None] | None = None
 
 
 @dataclass(slots=True)
@@ -237,6 +240,7 @@ class RequestSummary:
                 "duration_s": kv.duration_s,
                 "devices": list(kv.devices),
                 "evidence": kv.evidence,
+                **({} if kv.source is None else {"source": dict(kv.source)}),
             },
             "flags": [{"name": f.name, "evidence": f.evidence, "span_id": f.span_id} for f in self.flags],
             "trace_ids": list(self.trace_ids),
@@ -250,6 +254,9 @@ class RequestSummary:
 
 
 LEG_KEYS = ("pod", "node", "gpu", "nic", "rail")
+# `coverage` key of the P2P KV source a sidecar named ({address, span_id}): set by assembly,
+# read by the verdicts, which judge the KV transfer against it.
+KV_SOURCE = "kv_source"
 UNRESOLVED = "unresolved"
 
 

@@ -362,11 +362,153 @@ def emit(
     return ids
 
 
-def live_cluster(folder: Path) -> Fleet:
-    """A topology-aware a3-ultra fleet written to `folder` as the live cluster's objects only
-    (Nodes, Pods, ResourceSlices, ResourceClaims): no railtrace topology file beside them."""
-    fleet = build_fleet("a3-ultra", resolve(["topology-aware"]), seed=7)
+def live_cluster(folder: Path, scenarios: tuple[str, ...] = ("topology-aware",)) -> Fleet:
+    """An a3-ultra fleet (the topology-aware scenario's pods by default) written to `folder` as
+    the live cluster's objects only (Nodes, Pods, ResourceSlices, ResourceClaims): no railtrace
+    topology file beside them."""
+    fleet = build_fleet("a3-ultra", resolve(list(scenarios)), seed=7)
     for path in fleet.write(folder):
         if path.name == "railtrace-topology.yaml":
             path.unlink()
     return fleet
+
+
+def emit_p2p(
+    url: Endpoints,
+    decode: Pod,
+    source: Pod,
+    *,
+    speculative: bool = False,
+    vllm_service: str = "vllm-decode",
+) -> dict[str, Any]:
+    """One request of router HEAD with a P2P KV source and no prefill target: decode pulls the
+    cached prefix from `source`; returns its ids.
+
+    Shapes (llm-d-router, read at the commits docs/normalisation.md "P2P KV sources" cites):
+    the sidecar's otelhttp server span `llm_d.pd_proxy.<METHOD> <path>` (proxy_helpers.go),
+    under it the SERVER span `forward_request` with `llm_d.pd_proxy.kv_cache_source` and
+    `disaggregation_used=false` (dispatch.go), whose otelhttp transport (proxy.go
+    `newProxyTransport`) carries the context into the decode engine's `llm_request`
+    (`decodeWithP2PSource`, connector_p2p.go). The KV shim's span on the decode worker names
+    the source as its peer. `speculative`: after the response, the sidecar's detached warm-up
+    (speculative_prefill.go `sendToDecoder`, no prefill target) sends a single-token request
+    to the decoder through the same transport: one more `llm_request`, after decode.
+    `vllm_service`: the engine's `service.name`; a name without the role leaves the legs to
+    the request's shape."""
+    epp_id = str(uuid.uuid4())
+    public = f"chatcmpl-{epp_id}"
+    engine_id = f"{public}-5c1e0a77"
+    ids: dict[str, Any] = {"epp_id": epp_id, "public": public, "engine": engine_id}
+    epp = Process(
+        url,
+        {"service.name": "llm-d-router/epp", "k8s.namespace.name": "llm-d"},
+        "llm-d-router/pkg/epp/handlers",
+        None,
+        grpc=True,
+    )
+    sidecar = Process(
+        url, {"service.name": "routing-proxy"}, "llm-d-router/pkg/sidecar/proxy", decode.ip, True
+    )
+    otelhttp = Process(
+        url,
+        {"service.name": "routing-proxy"},
+        "go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp",
+        decode.ip,
+        True,
+    )
+    engine = Process(url, vllm_resource(vllm_service), "vllm.tracing.otel", decode.ip)
+    worker = Process(
+        url,
+        {**vllm_resource(vllm_service), "vllm.process_kind": "worker", "vllm.process_name": "Worker_0"},
+        "railtrace.kv_transfer",
+        decode.ip,
+    )
+    rid = {"gen_ai.request.id": epp_id}
+    gateway = epp.tracer.start_span("gateway.request", kind=trace.SpanKind.SERVER, start_time=T0)
+    orch = epp.span("gateway.request_orchestration", 0.1, 0.4, rid, gateway, trace.SpanKind.SERVER)
+    profile = epp.span(
+        "run_scheduler_profile", 0.13, 0.2, {"llm_d.epp.scheduling.profile.name": "decode"}, orch
+    )
+    epp.span(
+        "pick_endpoints",
+        0.15,
+        0.19,
+        {
+            **rid,
+            "llm_d.epp.picker.top_endpoints": [f"llm-d/{decode.name}-rank-0"],
+            "llm_d.epp.picker.top_scores": [1.0],
+        },
+        profile,
+    )
+    inbound = otelhttp.span(
+        "llm_d.pd_proxy.POST /v1/chat/completions", 2, 3000, {}, gateway, trace.SpanKind.SERVER
+    )
+    forward = sidecar.span(
+        "forward_request",
+        2,
+        2999,
+        {
+            "llm_d.pd_proxy.connector": "nixlv2",
+            "llm_d.pd_proxy.kv_connector": "nixlv2",
+            "llm_d.pd_proxy.request_path": "/v1/chat/completions",
+            "llm_d.pd_proxy.disaggregation_used": False,
+            "llm_d.pd_proxy.reason": "no_prefill_header",
+            "llm_d.pd_proxy.kv_cache_source": f"{source.ip}:8000",
+        },
+        inbound,
+        trace.SpanKind.SERVER,
+    )
+    client = otelhttp.span(
+        "HTTP POST",
+        3,
+        2998,
+        {"server.address": "localhost", "server.port": 8200},
+        forward,
+        trace.SpanKind.CLIENT,
+    )
+    engine.span(
+        "llm_request",
+        4,
+        2997,
+        llm_request(512, 200, 0.343, 0.322, 2.946, public),
+        client,
+        trace.SpanKind.SERVER,
+    )
+    kv = worker.span(
+        "llm_d.kv_transfer",
+        10,
+        300,
+        {
+            "llm_d.kv_transfer.request_id": engine_id,
+            "llm_d.kv_transfer.transport": "rdma",
+            "llm_d.kv_transfer.operation": "read",
+            "llm_d.kv_transfer.bytes": 268_435_456,
+            "llm_d.kv_transfer.remote.host": source.ip,
+        },
+    )
+    gateway.end(end_time=T0 + 3001 * MS)
+    if speculative:
+        warm = otelhttp.span(
+            "HTTP POST",
+            3002,
+            3060,
+            {"server.address": "localhost", "server.port": 8200},
+            inbound,
+            trace.SpanKind.CLIENT,
+        )
+        span = engine.span(
+            "llm_request",
+            3003,
+            3058,
+            llm_request(1, 1, 0.05, 0.002, 0.054, f"chatcmpl-{uuid.uuid4()}"),
+            warm,
+            trace.SpanKind.SERVER,
+        )
+        ids["warmup_span"] = format(span.context.span_id, "016x")
+    ids["traces"] = sorted(
+        {format(s.context.trace_id, "032x") for s in (gateway, kv)},
+        key=lambda t: t != format(gateway.context.trace_id, "032x"),
+    )
+    for p in (epp, sidecar, otelhttp, engine, worker):
+        p.close()
+    return ids

@@ -404,6 +404,13 @@ PD_REQUEST_PATH = _attr("llm_d.pd_proxy.request_path", "string", "Proxied reques
 PD_DISAGG_USED = _attr(
     "llm_d.pd_proxy.disaggregation_used", "boolean", "Whether the proxy ran P/D.", origin="llm-d"
 )
+PD_KV_CACHE_SOURCE = _attr(
+    "llm_d.pd_proxy.kv_cache_source",
+    "string",
+    "host:port of the pod the KV cache is pulled from over the P2P connector "
+    "(`x-kv-cache-source-host-port`).",
+    origin="llm-d",
+)
 
 # -- vLLM llm_request --------------------------------------------------------------------
 VLLM_TTFT = _attr("gen_ai.latency.time_to_first_token", "double", "Engine TTFT.", origin="vllm", unit="s")

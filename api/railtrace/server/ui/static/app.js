@@ -363,7 +363,10 @@ function laneNic(device) {
 function kvPathSection(summary, kvSpan) {
   const kv = summary.kv_transfer;
   if (!kv) return section("KV transfer path", h("p", { class: "muted" }, "No KV transfer was seen for this request."));
-  const p = summary.prefill || {};
+  // A transfer pulled from a P2P KV source (`kv_transfer.source`) is drawn, and was judged,
+  // from that pod, not from the prefill pod.
+  const p = kv.source || summary.prefill || {};
+  const from = kv.source ? "KV source" : "prefill";
   const d = summary.decode || {};
   const lanes = lanesOf(kv, kvSpan);
   const sameRail = p.rail && d.rail && p.rail === d.rail;
@@ -380,21 +383,23 @@ function kvPathSection(summary, kvSpan) {
     }),
     h("div", { class: "muted" }, `${bytes(kv.bytes)} in ${secs(kv.duration_s)}` + (kv.duration_s ? ` = ${(kv.bytes / kv.duration_s / 1e9).toFixed(2)} GB/s` : "")));
   const path = h("div", { class: "kvpath", id: "kv-path" },
-    hop("prefill GPU", [p.gpu || "?", p.pod || "", p.node || ""], "gpu"), arrow(),
-    hop("prefill NIC", [p.nic || "?", p.rail ? `rail ${p.rail}` : "rail ?"], "nic"), arrow(),
+    hop(`${from} GPU`, [p.gpu || "?", p.pod || "", p.node || ""], "gpu"), arrow(),
+    hop(`${from} NIC`, [p.nic || "?", p.rail ? `rail ${p.rail}` : "rail ?"], "nic"), arrow(),
     laneBox, arrow(),
     hop("decode NIC", [d.nic || "?", d.rail ? `rail ${d.rail}` : "rail ?"], "nic"), arrow(),
     hop("decode GPU", [d.gpu || "?", d.pod || "", d.node || ""], "gpu"));
   const expected = [];
   if (kv.transport === "tcp") {
-    expected.push(`RDMA from ${p.nic || "the prefill GPU's NIC"} to ${d.nic || "the decode GPU's NIC"}` +
+    expected.push(`RDMA from ${p.nic || `the ${from} GPU's NIC`} to ${d.nic || "the decode GPU's NIC"}` +
       (sameRail ? ` on rail ${p.rail} (rdma_same_rail)` : ""));
   } else if (kv.path_class === "rdma_cross_rail") {
     const off = lanes.filter((l) => ![p.nic, d.nic].includes(laneNic(l.device).nic));
     expected.push(`every byte on the paired NICs ${p.nic || "?"} ↔ ${d.nic || "?"}` + (p.rail ? ` (rail ${p.rail})` : "") +
       (off.length ? `; ${off.map((l) => `${l.device} carried ${Math.round(l.share * 100)}%`).join(", ")} instead` : ""));
   }
-  return section("KV transfer path", path,
+  return section("KV transfer path",
+    kv.source ? h("p", { id: "kv-source" }, `Pulled from the P2P KV source ${kv.source.pod || "?"}, not from the prefill pod: judged between it and decode.`) : null,
+    path,
     expected.length ? h("p", { class: "expected" }, h("strong", {}, "Expected instead: "), expected) : h("p", { class: "ok" }, "The transfer took the path the topology pairs these GPUs with."),
     h("p", { class: "muted" }, kv.evidence || ""));
 }
