@@ -56,13 +56,14 @@ class Counters:
         counters = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 body = (
                     "# TYPE llm_d_epp_request_total counter\n"
                     'llm_d_epp_request_total{model_name="m",target_model_name="m",fairness_id="",priority="0"}'
                     f" {counters.epp}\n"
                     "# TYPE vllm:request_success_total counter\n"
-                    f'vllm:request_success_total{{model_name="m",engine="0",finished_reason="stop"}} {counters.vllm}\n'
+                    'vllm:request_success_total{model_name="m",engine="0",finished_reason="stop"}'
+                    f" {counters.vllm}\n"
                 ).encode()
                 self.send_response(200)
                 self.send_header("content-type", "text/plain; version=0.0.4")
@@ -159,8 +160,10 @@ def test_share_from_prometheus_counters(
         RAILTRACE_ASSEMBLY_PROCESSES="0",
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "railtrace.cli", "serve", "--port", str(port), "--quiet-period", "0.2"]
-        + ["--prometheus-url", prometheus],
+        [
+            *(sys.executable, "-m", "railtrace.cli", "serve", "--port", str(port)),
+            *("--quiet-period", "0.2", "--prometheus-url", prometheus),
+        ],
         env=env,
         cwd=tmp_path,
         stdout=subprocess.PIPE,
