@@ -180,6 +180,35 @@ class Settings(BaseSettings):
         " sender-chosen values (model, node, NIC) as `other`.",
     )
 
+    # Traced share (railtrace.server.sampling; docs/deploy.md, "Sampling").
+    prometheus_url: str | None = Field(
+        None,
+        description="Prometheus that scrapes the EPP and vLLM: railtrace compares the requests they"
+        " counted with the requests it assembled over the same window (the traced share); unset:"
+        " the share comes from sampling thresholds in tracestate, or is unknown.",
+    )
+    prometheus_request_counters: list[str] = Field(
+        default_factory=lambda: [
+            "llm_d_epp_request_total",
+            "inference_objective_request_total",
+            "vllm:request_success_total",
+        ],
+        description="Counter selectors of served requests, tried in order; the first with series in"
+        " the window counts the traffic (a selector may carry labels, e.g. decode pods only).",
+    )
+    sampling_window_s: float = Field(
+        300.0, gt=0, description="Window over which the traced share is estimated."
+    )
+    sampling_lag_s: float = Field(
+        60.0,
+        ge=0,
+        description="The window ends this long ago, so that its requests have been assembled"
+        " (keep it above quiet_period_s).",
+    )
+    sampling_refresh_s: float = Field(
+        30.0, gt=0, description="How often the traced share is estimated again from Prometheus."
+    )
+
     # Query API reads (railtrace.server.read_gate): bounded so that readers cannot starve ingest.
     read_concurrency: int = Field(
         4,

@@ -751,6 +751,16 @@ M_ASSEMBLY_FAILURES = _metric(
     ("stage", "error"),
 )
 
+M_TRACED_SHARE = _metric(
+    "llm_d_tracing_traced_share",
+    "gauge",
+    "Estimated share of the served requests that railtrace received traces of, over the last"
+    " `sampling_window_s`, by how it was estimated (`prometheus`: requests assembled / requests the"
+    " EPP or vLLM counted; `tracestate`: from the samplers' `ot=th:` thresholds). NaN: unknown. Below"
+    " 1, counts are of the traced requests only.",
+    ("source",),
+)
+
 
 class AssemblyStage(StrEnum):
     """Where an assembly failure happened (`stage` of M_ASSEMBLY_FAILURES)."""
