@@ -381,7 +381,7 @@ def _blind_pairing(ctx: _Ctx) -> None:
         return
     chosen = _dispatched(pick, ctx.decode)
     if chosen is None or chosen.score is None:
-        ctx.notes.append(f"span {pick.span_id}: the dispatched endpoint is no scored candidate: pairing not judged")
+        ctx.notes.append(f"span {pick.span_id}: dispatched endpoint not a scored candidate: not judged")
         return
     prefill_key = None
     for p in ctx.facts.picks:
