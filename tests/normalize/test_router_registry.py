@@ -57,7 +57,8 @@ def _read_by_railtrace() -> set[str]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 value = node.value
-                if ATTRIBUTE_NAME.fullmatch(value) and lookup(value) is None and value not in semconv.SPAN_NAMES:
+                span_name = lookup(value) is not None or value in semconv.SPAN_NAMES
+                if ATTRIBUTE_NAME.fullmatch(value) and not span_name:
                     keys.add(value)
     return {k for k in keys if k not in OWN and not k.startswith(semconv.SPAN_KV_TRANSFER + ".")}
 
@@ -139,11 +140,11 @@ def test_the_refresh_script_reduces_a_weaver_checkout(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     reg = json.loads((out / "v9.9.9" / "registry.json").read_text())
-    assert reg["spans"] == [{"name": "example_span", "kind": "internal", "attributes": ["llm_d.example.count"]}]
+    want = {"name": "example_span", "kind": "internal", "attributes": ["llm_d.example.count"]}
+    assert reg["spans"] == [want]
     assert reg["attributes"] == {"llm_d.example.count": "int"}
     assert len(reg["commit"]) == 40 and reg["schema_url"] == "https://example.invalid/1"
     assert "`v9.9.9/registry.json`" in (out / "PROVENANCE.md").read_text()
-    missing = subprocess.run(
-        [sys.executable, str(SCRIPT), str(tmp_path / "nothing"), "v0", str(out)], capture_output=True, text=True
-    )
+    nothing = [sys.executable, str(SCRIPT), str(tmp_path / "nothing"), "v0", str(out)]
+    missing = subprocess.run(nothing, capture_output=True, text=True)
     assert missing.returncode == 1 and "missing" in missing.stderr
