@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--trusted-collector",
         action="append",
         metavar="CIDR",
-        help="an OTel collector whose k8s.pod.name / k8s.pod.ip (k8sattributes) are believed (repeatable)",
+        help="an OTel collector whose k8s.pod.name / k8s.pod.ip (k8sattributes) are believed (repeatable;"
+        " default: loopback, which listing any replaces)",
     )
 
     demo = sub.add_parser("demo", help="run a simulated P/D fleet with injected faults end to end")

@@ -14,6 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 AttrValue = str | bool | int | float | list[Any] | dict[str, Any] | None
+# (request key, trace id, the trace's first arrival in ns or None): a trace holding a key.
+KeyHolder = tuple[str, str, int | None]
 
 
 @dataclass(slots=True)
@@ -70,6 +72,9 @@ class Endpoint:
     pod_ip: str | None = None
     peer: str | None = None
     sidecar_peer: str | None = None
+    # A `k8s.pod.name` the sender claimed for itself with no trusted collector vouching: believed
+    # only where the topology gives that pod the sender's address (`peer`).
+    claimed_pod: str | None = None
 
     def copy(self) -> Endpoint:
         """A shallow copy; positional, several times cheaper than `dataclasses.replace`."""
@@ -87,6 +92,7 @@ class Endpoint:
             self.pod_ip,
             self.peer,
             self.sidecar_peer,
+            self.claimed_pod,
         )
 
 

@@ -11,6 +11,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # More assembly children than this would only queue for the same database.
 MAX_ASSEMBLY_PROCESSES = 32
+# A sender on the service's own host or pod: its collector, or the operator (docs/reliability.md §11).
+LOOPBACK_COLLECTORS = ("127.0.0.0/8", "::1/128")
 
 
 def default_db_url() -> str:
@@ -126,10 +128,11 @@ class Settings(BaseSettings):
         "or gRPC metadata names the real OTLP sender; from anyone else it is ignored.",
     )
     trusted_collectors: list[str] = Field(
-        default_factory=list,
+        default_factory=lambda: list(LOOPBACK_COLLECTORS),
         description="Addresses/CIDRs of OTel collectors whose k8s.pod.name and k8s.pod.ip (their "
         "k8sattributes) are believed. From any other sender those claims count only where they agree "
-        "with its address (the peer, or X-Forwarded-For from a trusted proxy).",
+        "with its address (the peer, or X-Forwarded-For from a trusted proxy). Default: loopback (a "
+        "collector in the service's own pod or host); listing any replaces it.",
     )
     max_connections: int = Field(
         1000,

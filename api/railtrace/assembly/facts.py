@@ -585,11 +585,11 @@ def _endpoint(req: _Request, leg: str, picks: list[RouterPick]) -> Endpoint:
     engine = req.engine.get(leg)
     if engine is not None:
         resource = engine.resource if isinstance(engine.resource, dict) else {}
-        endpoint.pod = _str(resource.get(semconv.RES_POD))
-        endpoint.node = _str(resource.get(semconv.RES_NODE))
-        endpoint.host = _str(resource.get(semconv.RES_HOST))
-        endpoint.pod_ip = _str(resource.get(semconv.RES_POD_IP))
-        endpoint.peer = _str(resource.get(semconv.RES_OTLP_PEER))
+        pod, pod_ip, claimed_pod, peer, vouched = _claimed_identity(resource)
+        endpoint.pod, endpoint.pod_ip, endpoint.claimed_pod, endpoint.peer = pod, pod_ip, claimed_pod, peer
+        if vouched:  # a sender's own node and host names are claims like its pod's: not read
+            endpoint.node = _str(resource.get(semconv.RES_NODE))
+            endpoint.host = _str(resource.get(semconv.RES_HOST))
         endpoint.service = engine.service_name or None
         endpoint.span_id = engine.span_id
         if endpoint.pod:
@@ -608,14 +608,29 @@ def _endpoint(req: _Request, leg: str, picks: list[RouterPick]) -> Endpoint:
         # and its sender address are the decode pod's.
         for span in req.sidecar_spans:
             resource = span.resource if isinstance(span.resource, dict) else {}
-            if endpoint.pod is None and _str(resource.get(semconv.RES_POD)):
-                endpoint.pod, endpoint.identity = _str(resource.get(semconv.RES_POD)), IDENTITY.SIDECAR_POD
-            endpoint.sidecar_peer = (
-                endpoint.sidecar_peer
-                or _str(resource.get(semconv.RES_POD_IP))
-                or _str(resource.get(semconv.RES_OTLP_PEER))
-            )
+            pod, pod_ip, _claimed, peer, _vouched = _claimed_identity(resource)
+            if endpoint.pod is None and pod:
+                endpoint.pod, endpoint.identity = pod, IDENTITY.SIDECAR_POD
+            endpoint.sidecar_peer = endpoint.sidecar_peer or pod_ip or peer
     return endpoint
+
+
+def _claimed_identity(
+    resource: dict[str, Any],
+) -> tuple[str | None, str | None, str | None, str | None, bool]:
+    """(pod name, pod IP, claimed pod name, sender address, vouched) of a resource as far as they are
+    believed (docs/reliability.md section 11): a trusted collector's `k8s.pod.name` and
+    `k8s.pod.ip`, or -- when the sender vouches for itself (`railtrace.otlp.claims=sender`) --
+    its `k8s.pod.ip` only where it is the sender's address, and its `k8s.pod.name` only as a
+    claim that identity resolution checks against the topology (the third value); `vouched`
+    is False then, and its node and host names are not read either. Resources without the
+    stamp (not received by the service's receivers) are read as they are."""
+    pod = _str(resource.get(semconv.RES_POD))
+    pod_ip = _str(resource.get(semconv.RES_POD_IP))
+    peer = _str(resource.get(semconv.RES_OTLP_PEER))
+    if resource.get(semconv.RES_OTLP_CLAIMS) == semconv.CLAIMS_SENDER:
+        return None, (pod_ip if pod_ip == peer else None), pod, peer, False
+    return pod, pod_ip, None, peer, True
 
 
 def _join_evidence(req: _Request, primary: str) -> tuple[str, str | None] | None:

@@ -8,6 +8,7 @@ gives `unknown` / no flag — never a guess.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from railtrace.model import (
     Candidate,
@@ -22,7 +23,7 @@ from railtrace.model import (
     rfc3339,
 )
 from railtrace.normalize.table import endpoint_pod
-from railtrace.topology.identity import resolve_address, resolve_endpoint, resolve_engine
+from railtrace.topology.identity import claim_rejection, resolve_address, resolve_endpoint, resolve_engine
 from railtrace.topology.model import MISALIGNED, NIC, Topology
 from railtrace.verdicts.config import VerdictConfig
 from railtrace_tracing import semconv as sc
@@ -145,6 +146,26 @@ def _resolve_legs(ctx: _Ctx) -> None:
     ctx.prefill, notes_p = resolve_endpoint(ctx.topology, prefill, gpu_p)
     ctx.decode, notes_d = resolve_endpoint(ctx.topology, decode, gpu_d)
     ctx.notes += [f"prefill: {n}" for n in notes_p] + [f"decode: {n}" for n in notes_d]
+
+
+def _with_claims(facts: RequestFacts, ctx: _Ctx) -> dict[str, Any]:
+    """The request's coverage, with each engine's `k8s.pod.name` claim that was not believed:
+    `rejected` where the leg was placed elsewhere, `unverified` where it landed on the claimed
+    pod by other evidence."""
+    coverage = dict(facts.coverage)
+    for leg, claimed, placed in (
+        ("prefill", facts.prefill, ctx.prefill),
+        ("decode", facts.decode, ctx.decode),
+    ):
+        pod = claimed.claimed_pod
+        if not pod or (placed.pod == pod and placed.identity == IDENTITY.K8S_RESOURCE):
+            continue
+        kind = "unverified" if placed.pod == pod else "rejected"
+        note = f"{leg} engine span {claimed.span_id}: {claim_rejection(pod, claimed.peer)}"
+        notes = list(coverage.get(kind) or [])
+        if note not in notes:
+            coverage[kind] = [*notes, note]
+    return coverage
 
 
 def _transport(ctx: _Ctx) -> str:
@@ -503,5 +524,5 @@ def judge(facts: RequestFacts, topology: Topology, config: VerdictConfig | None 
         pairing_level=pairing_level,
         identity={"prefill": ctx.prefill.identity, "decode": ctx.decode.identity},
         resolved=all(ep.node and ep.gpu and ep.nic for ep in (ctx.prefill, ctx.decode)),
-        coverage=dict(facts.coverage),
+        coverage=_with_claims(facts, ctx),
     )
