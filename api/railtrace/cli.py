@@ -122,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--generation",
         default="current",
-        help="llm-d span names: current (router HEAD), v0.10, v0.9, v0.8, or all (each in turn)",
+        help="llm-d span names: current (router HEAD), post-v0.10 (router main after v0.10.0), v0.10, v0.9, "
+        "v0.8, or all (each in turn)",
     )
     demo.add_argument(
         "--recipe",

@@ -191,7 +191,7 @@ def test_one_client_trace_holding_two_requests_gives_two_facts() -> None:
         None,
         "loadgen",
     )
-    client.attributes = {}
+    client.attributes, client.scope_name = {}, "loadgen"
     for span in first + second:
         if span.name == "gateway.request":
             span.parent_span_id = client.span_id

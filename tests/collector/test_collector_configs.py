@@ -92,7 +92,10 @@ ENV_REF = re.compile(r"\$\{env:([A-Z0-9_]+)\}")
 ATTRIBUTE_REF = re.compile(r'attributes\["([^"]+)"\]')
 DELETE_KEY = re.compile(r'delete_key\(attributes,\s*"([^"]+)"\)')
 NAME_EQ = re.compile(r'name == "([^"]+)"')
-RENAME = re.compile(r'^set\(name, "([^"]+)"\) where name == "([^"]+)"$')
+RENAME = re.compile(
+    r'^set\(name, "([^"]+)"\) where name == "([^"]+)"'
+    r'(?: and IsMatch\(instrumentation_scope\.name, "\^llm-d-router/pkg/epp"\))?$'
+)
 
 
 def _load(path: Path) -> dict[str, Any]:

@@ -41,6 +41,11 @@ class Release:
     # (pkg/telemetry/tracing.go `instrumentationName`, seen from the v0.7.1 binary in tests/llmd/),
     # `llm-d-router/pkg/sidecar/proxy` from v0.9.0 (pkg/sidecar/proxy/constants.go `tracerScope`).
     sidecar_scope: str = "llm-d-router/pkg/sidecar/proxy"
+    # The EPP's root and the director's span: `gateway.` prefix dropped on router main after
+    # v0.10.0 (pkg/epp/handlers/server.go, pkg/epp/requestcontrol/director.go; cited in
+    # docs/normalisation.md section 7).
+    root: str = "gateway.request"
+    orchestration: str = "gateway.request_orchestration"
 
 
 RELEASES = [
@@ -83,6 +88,20 @@ RELEASES = [
             True,
         )
         for tag in ("v0.10.0", "HEAD")
+    ),
+    Release(
+        "post-v0.10.0",
+        "llm-d-router/epp",
+        "llm-d-router/pkg/epp/handlers",
+        "forward_request",
+        "prefill",
+        "decode",
+        "pick_disagg_profile",
+        "prepare_disaggregation",
+        True,
+        True,
+        "request",
+        "request_orchestration",
     ),
 ]
 RECIPES = ("full", "decode_only")
@@ -186,13 +205,19 @@ def emit(
     *,
     collector: str | None = None,
     transport: str = "rdma",
+    client: Any = None,
+    root: str | None = None,
+    top_endpoints: list[str] | None = None,
 ) -> dict[str, Any]:
     """Send one request as `rel` traces it; returns its ids.
 
     `collector`: every process exports through an OTel collector at this address, whose
     k8sattributes adds `k8s_resource` of the pod (collector-shaped resources); without it each
     process is forwarded for its own pod's address (emitter-shaped). `transport`: what the
-    KV shim reports for the transfer."""
+    KV shim reports for the transfer. `client`: a load generator's span the EPP root is a child
+    of (several requests then share its trace); `root`: another name for the EPP's root (a
+    rename railtrace has not seen); `top_endpoints`: the decode pick's ranking as llm-d writes it
+    (score, then id), by default the decode pod alone."""
 
     def shaped(resource: dict[str, Any], pod: Pod | None) -> dict[str, Any]:
         return {**resource, **k8s_resource(pod)} if collector and pod is not None else resource
@@ -269,8 +294,25 @@ def emit(
     processes.append(bbr)
     bbr.span("gateway.request", -0.5, 0.0, {}, kind=trace.SpanKind.SERVER)
     rid = {"gen_ai.request.id": epp_id}
-    gateway = epp.tracer.start_span("gateway.request", kind=trace.SpanKind.SERVER, start_time=T0)
-    orch = epp.span("gateway.request_orchestration", 0.1, 0.4, rid, gateway, trace.SpanKind.SERVER)
+    gateway = epp.tracer.start_span(
+        root or rel.root,
+        context=trace.set_span_in_context(client) if client is not None else None,
+        kind=trace.SpanKind.SERVER,
+        start_time=T0,
+    )
+    director = (
+        epp.provider.get_tracer("llm-d-router/pkg/epp/requestcontrol")
+        if rel.epp_scope.startswith("llm-d-router/")
+        else epp.tracer
+    )
+    orch = director.start_span(
+        rel.orchestration,
+        context=trace.set_span_in_context(gateway),
+        kind=trace.SpanKind.SERVER,
+        attributes=rid,
+        start_time=T0 + int(0.1 * MS),
+    )
+    orch.end(end_time=T0 + int(0.4 * MS))
     epp.span(rel.pick, 0.12, 0.35, {**rid, "llm_d.epp.profile_handler.decision": "run_decode"}, orch)
     if rel.pick_endpoints:
         profile = epp.span(
@@ -282,8 +324,8 @@ def emit(
             0.19,
             {
                 **rid,
-                "llm_d.epp.picker.top_endpoints": [f"llm-d/{decode.name}-rank-0"],
-                "llm_d.epp.picker.top_scores": [1.0],
+                "llm_d.epp.picker.top_endpoints": top_endpoints or [f"llm-d/{decode.name}-rank-0"],
+                "llm_d.epp.picker.top_scores": [1.0] * len(top_endpoints or [0]),
             },
             profile,
         )
@@ -325,6 +367,13 @@ def emit(
         pre,  # nixlv2: decode is a child of prefill
     )
     gateway.end(end_time=T0 + 3001 * MS)
+    if recipe == "no_engines":
+        # The router's and the sidecar's tracing only (vLLM's is off): each leg's pod must come
+        # from what was dispatched, the sidecar's targets and its own address.
+        ids["traces"] = [format(gateway.context.trace_id, "032x")]
+        for p in processes:
+            p.close()
+        return ids
     # A sidecar that does not inject forwards the headers it received, the EPP's traceparent
     # included (the nixlv2 connector clones the request): vLLM's spans are the EPP span's
     # children, not roots of their own (seen from the v0.7.1 binary in tests/llmd/).

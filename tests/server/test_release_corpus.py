@@ -21,6 +21,11 @@ from typing import Any
 
 import httpx
 import pytest
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from railtrace.server.runner import Service
 from tests.server.release_corpus import RECIPES, RELEASES, Endpoints, Release, emit, live_cluster
@@ -84,3 +89,88 @@ def test_release_end_to_end(db_url: str, fleet_dir: tuple[Path, Any], rel: Relea
         series = f'llm_d_tracing_leg_resolution_total{{recipe="{recipe}",resolution="{resolution}"}} 1.0'
         # Assembly children report their counts every few milliseconds after the summary is stored.
         wait_for(lambda: series in httpx.get(f"{svc.http_url}/metrics").text.splitlines(), what=series)
+
+
+POST_V010 = next(r for r in RELEASES if r.name == "post-v0.10.0")
+
+
+def _client_span(svc: Service) -> tuple[Any, Any]:
+    """A load generator's own span, exported like any OTel client, that holds several requests."""
+    provider = TracerProvider(resource=Resource.create({"service.name": "loadgen"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=svc.http_url + "/v1/traces")))
+    span = provider.get_tracer("loadgen").start_span("benchmark run", kind=trace.SpanKind.CLIENT)
+    return provider, span
+
+
+@pytest.mark.parametrize("root", ["request", "epp_request_from_a_future_release"])
+def test_two_requests_under_one_client_span_keep_their_epp_hop(
+    db_url: str, fleet_dir: tuple[Path, Any], root: str
+) -> None:
+    """Router main after v0.10.0 names its roots `request` / `request_orchestration`; a load
+    generator's span holding two requests puts two EPP roots in one trace. Each request keeps
+    its picks and its scheduling stage -- also under a root name no table row knows."""
+    folder, fleet = fleet_dir
+    prefills = fleet.pods_of("topology-aware", "prefill")[:2]
+    decodes = fleet.pods_of("topology-aware", "decode")[:2]
+    settings = settings_for(db_url, topology=[str(folder)], trusted_proxies=["127.0.0.1/32"])
+    with Service(settings) as svc:
+        provider, client = _client_span(svc)
+        to = Endpoints(svc.http_url, svc.grpc_endpoint)
+        sent = [
+            emit(to, POST_V010, "full", p, d, client=client, root=root)
+            for p, d in zip(prefills, decodes, strict=True)
+        ]
+        client.end()
+        provider.shutdown()
+        trace_id = format(client.context.trace_id, "032x")
+
+        def both() -> list[dict[str, Any]] | None:
+            items = httpx.get(f"{svc.http_url}/api/v1/requests").json()["items"]
+            done = [i for i in items if i["trace_id"] == trace_id and i["span_count"] >= 5]
+            return done if len(done) == 2 else None
+
+        listed = wait_for(both, what="two requests of one client trace")
+        by_decode = {}
+        for item in listed:
+            summary = httpx.get(f"{svc.http_url}/api/v1/requests/{item['request_id']}").json()
+            by_decode[summary["decode"]["pod"]] = summary
+        assert sorted(by_decode) == sorted(d.name for d in decodes)
+        for ids, prefill, decode in zip(sent, prefills, decodes, strict=True):
+            summary = by_decode[decode.name]
+            assert summary["prefill"]["pod"] == prefill.name
+            assert "epp" not in summary["coverage"]["missing"], summary["coverage"]
+            assert summary["breakdown_s"]["scheduling"] > 0
+            assert summary["flags"] == []
+            spans = httpx.get(f"{svc.http_url}/api/v1/traces/{summary['trace_id']}").json()
+            assert spans, ids
+
+
+def test_a_tie_among_top_candidates_is_not_the_pick(db_url: str, fleet_dir: tuple[Path, Any]) -> None:
+    """`top_endpoints` is recorded before the picker runs and ranks ties by id; the max-score
+    picker shuffles ties, so the decode pod it dispatched to may be second. With vLLM's tracing
+    off, the legs come from what was dispatched: the sidecar's prefill target and its own pod."""
+    folder, fleet = fleet_dir
+    prefill = fleet.pods_of("topology-aware", "prefill")[0]
+    decode, other = fleet.pods_of("topology-aware", "decode")[:2]
+    ranked = sorted([f"llm-d/{decode.name}-rank-0", f"llm-d/{other.name}-rank-0"])
+    if ranked[0].endswith(f"{decode.name}-rank-0"):
+        decode, other = other, decode  # the dispatched pod must not come first
+    settings = settings_for(db_url, topology=[str(folder)], trusted_proxies=["127.0.0.1/32"])
+    with Service(settings) as svc:
+        ids = emit(
+            Endpoints(svc.http_url, svc.grpc_endpoint),
+            POST_V010,
+            "no_engines",
+            prefill,
+            decode,
+            top_endpoints=ranked,
+        )
+
+        def assembled() -> dict[str, Any] | None:
+            r = httpx.get(f"{svc.http_url}/api/v1/requests/{ids['traces'][0]}")
+            return r.json() if r.status_code == 200 and r.json()["span_count"] >= 4 else None
+
+        summary = wait_for(assembled, what="EPP and sidecar spans assembled")
+        assert summary["decode"]["pod"] == decode.name != other.name, summary["identity"]
+        assert summary["identity"]["decode"] != "epp_pick"
+        assert summary["prefill"]["pod"] == prefill.name

@@ -108,11 +108,14 @@ def test_a_seed_reproduces_the_verdicts(current: dict[str, Any], tmp_path: Path)
     assert again["requests_detail"] == current["requests_detail"]
 
 
-@pytest.mark.parametrize(("generation", "protocol"), [("v0.10", "grpc"), ("v0.8", "http")])
+@pytest.mark.parametrize(
+    ("generation", "protocol"), [("post-v0.10", "http"), ("v0.10", "grpc"), ("v0.8", "http")]
+)
 def test_older_generations_yield_the_same_verdicts(
     current: dict[str, Any], generation: str, protocol: str, tmp_path: Path
 ) -> None:
-    """Older span names (and, for v0.10, the OTLP/gRPC exporter) change nothing. v0.8's sidecar
+    """Older span names, and router main's after v0.10.0 (`request`, `request_orchestration`,
+    `scoring`, `scorer.<type>`), change nothing (nor, for v0.10, the OTLP/gRPC exporter). v0.8's sidecar
     does not inject trace context, so its engines' spans come in traces of their own: joined by
     the ids they carry, they are no broken trace."""
     old = _run(tmp_path, generation, protocol)
@@ -162,7 +165,7 @@ def test_demo_covers_every_release_and_recipe(capsys: pytest.CaptureFixture[str]
     )  # fmt: skip
     assert demo_command(args) == 0
     out = capsys.readouterr().out
-    for release in ("HEAD", "v0.10.0", "v0.9.0", "v0.8.0"):
+    for release in ("HEAD", "main@8540131219eb", "v0.10.0", "v0.9.0", "v0.8.0"):
         for recipe in ("full", "decode_only"):
             assert any(line.startswith(release) and recipe in line for line in out.splitlines()), (
                 release,
@@ -184,3 +187,29 @@ def test_unknown_scenario_is_rejected(capsys: pytest.CaptureFixture[str]) -> Non
     args = demo_args("--requests", "4", "--seed", "1", "--scenario", "nope", "--exit")
     assert demo_command(args) == 2
     assert "unknown scenario 'nope'" in capsys.readouterr().err
+
+
+def test_post_v010_generation_emits_router_mains_names_through_the_shims() -> None:
+    """The `post-v0.10` generation sends the EPP's root, director and scoring spans under the
+    names router main uses after v0.10.0, the scoring ones through the router shim."""
+    import threading
+
+    from opentelemetry.sdk.trace import ReadableSpan
+
+    from railtrace.simulator import Emitter, Processes, build_fleet, resolve, simulate
+    from tests.fixtures.otlp_fixtures import SinkExporter
+
+    scenarios = resolve(["topology-aware"])
+    fleet = build_fleet("a3-ultra", scenarios, seed=SEED)
+    sink: list[ReadableSpan] = []
+    procs = Processes(lambda: SinkExporter(sink, threading.Lock()), SEED)
+    emitter = Emitter(fleet, procs, "post-v0.10", 1_790_000_000 * 10**9)
+    for run in simulate(fleet, scenarios, 1, seed=SEED):
+        emitter.emit(run)
+    procs.flush()
+    procs.shutdown()
+    names = {s.name for s in sink}
+    assert {"request", "request_orchestration", "scoring"} <= names, names
+    assert any(n.startswith("scorer.") for n in names), names
+    old = {"gateway.request", "gateway.request_orchestration", "llm_d.epp.scoring"}
+    assert not names & old and not any(n.startswith("llm_d.epp.scorer.") for n in names), names

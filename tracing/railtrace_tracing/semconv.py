@@ -575,6 +575,12 @@ SPAN_V08_PD_DECODE = "llm_d.pd_proxy.decode"
 SPAN_V08_DISAGG_PICK = "llm_d.epp.disagg.profile_handler.pick"
 SPAN_V08_PREREQUEST_DISAGG = "llm_d.epp.prerequest.disaggregation"
 SPAN_V08_PREFIX_SCORER = "llm_d.epp.scorer.prefix_cache"
+# llm-d-router main after v0.10.0: the `gateway.`/`llm_d.epp.` prefixes dropped (cited in
+# docs/normalisation.md section 9); the simulator's `post-v0.10` generation emits them.
+SPAN_POST_V010_REQUEST = "request"
+SPAN_POST_V010_ORCHESTRATION = "request_orchestration"
+SPAN_POST_V010_SCORING = "scoring"
+SPAN_POST_V010_SCORER_PREFIX = "scorer."  # + scorer type
 
 SPAN_NAMES: dict[str, str] = {
     SPAN_KV_TRANSFER: "One KV-cache transfer of vLLM's NIXL KV connector (railtrace shim).",

@@ -18,11 +18,12 @@ import orjson
 
 from railtrace.assembly.joins import JoinNotes
 from railtrace.model import KV_SOURCE, Candidate, Endpoint, Flag, KVFacts, RequestFacts, RouterPick, Span
-from railtrace.normalize import engine_leg_hint, normalize_request_id, span_request_keys
+from railtrace.normalize import engine_leg_hint, is_epp, normalize_request_id, span_request_keys
 from railtrace.normalize import table as ntable
 from railtrace_tracing import semconv
 from railtrace_tracing.semconv import FLAG, HOP, IDENTITY, RECIPE, ROLE, STAGE, TRANSPORT
 
+SERVER_KIND = 2  # OTLP SpanKind SERVER
 LOOPBACK_PREFIXES = ("localhost", "127.", "[::1]", "::1", "0.0.0.0")
 MAX_ANCESTRY = 64
 ROUTER_ONLY_ROLES = frozenset({ROLE.GATEWAY, ROLE.SCHEDULING, ROLE.KV_CACHE, ROLE.OTHER})
@@ -212,8 +213,11 @@ class _Request:
         for span in self.spans:
             named.setdefault(span.canonical_name, []).append(span)
         self.named = named
-        self.gateways = [s for s in named.get(semconv.SPAN_GATEWAY_REQUEST, []) if s.role == ROLE.GATEWAY]
-        self.orchestrations = named.get("gateway.request_orchestration", [])
+        # The EPP's root by role, not name: normalisation and `stitch.promote_epp_roots` give it.
+        self.gateways = [s for s in self.spans if s.role == ROLE.GATEWAY]
+        self.orchestrations = named.get(semconv.SPAN_GATEWAY_ORCHESTRATION) or self._server_children(
+            self.gateways
+        )
         self.profiles = named.get(semconv.SPAN_RUN_SCHEDULER_PROFILE, [])
         self.pick_spans = named.get(semconv.SPAN_PICK_ENDPOINTS, [])
         self.prepares = named.get("prepare_disaggregation", [])
@@ -229,6 +233,19 @@ class _Request:
         self.warmups: list[tuple[Span, str]] = []
         self._assign_engines(named.get(semconv.SPAN_VLLM_REQUEST, []))
         self._attr_order = [*self.sc_decode, *self.sc_prefill, *self.forwards, *self.servers]
+
+    def _server_children(self, roots: list[Span]) -> list[Span]:
+        """The EPP's SERVER spans directly under its root: the director's orchestration span
+        under a name no table row knows yet (it was renamed once, after v0.10.0)."""
+        ids = {(s.trace_id, s.span_id) for s in roots}
+        return [
+            s
+            for s in self.spans
+            if s.kind == SERVER_KIND
+            and s.role != ROLE.GATEWAY
+            and (s.trace_id, s.parent_span_id) in ids
+            and is_epp(s)
+        ]
 
     # -- legs --------------------------------------------------------------------------
     def _assign_engines(self, engines: list[Span]) -> None:
@@ -538,7 +555,11 @@ def _picks(req: _Request) -> list[RouterPick]:
         profile = _profile_of(req, span)
         shim_endpoints = _str_list(attrs.get(semconv.ROUTER_CANDIDATE_ENDPOINTS))
         top = _str_list(attrs.get(semconv.EPP_PICKER_TOP_ENDPOINTS))
-        chosen = _str(attrs.get(semconv.ROUTER_CHOSEN)) or (top[0] if top else None)
+        # Only the router shim records what was picked. llm-d's `top_endpoints` is written
+        # before the pick, ranked by score then id, and the max-score picker shuffles ties
+        # (docs/normalisation.md §2.8): it ranks candidates, it never names the choice. A
+        # leg's pod comes from what was dispatched (`_endpoint`).
+        chosen = _str(attrs.get(semconv.ROUTER_CHOSEN))
         candidates: list[Candidate] = []
         if shim_endpoints:
             scores = _num_list(attrs.get(semconv.ROUTER_CANDIDATE_SCORES))

@@ -12,7 +12,8 @@ from typing import TypeGuard
 
 from railtrace.assembly.joins import JoinNotes, admit, filter_single
 from railtrace.model import Span
-from railtrace.normalize import normalize_span, span_request_keys
+from railtrace.normalize import is_epp, normalize_span, span_request_keys
+from railtrace_tracing.semconv import ROLE
 
 
 def _valid(span: object) -> TypeGuard[Span]:
@@ -78,7 +79,9 @@ class UnionFind:
             self.parent[high] = low
 
 
-ANCHOR_NAMES = frozenset({"gateway.request"})
+SERVER_KIND = 2  # OTLP SpanKind SERVER
+# Roles of a child that show an EPP server span is a request's root (docs/normalisation.md §2).
+EPP_ROOT_CHILD_ROLES = frozenset({ROLE.SCHEDULING, ROLE.PROXY, ROLE.PREFILL, ROLE.DECODE})
 SIDECAR_TOP_NAMES = frozenset({"forward_request"})
 
 
@@ -88,12 +91,47 @@ def _is_sidecar_top(span: Span) -> bool:
     )
 
 
+def _is_anchor(span: Span) -> bool:
+    return span.role == ROLE.GATEWAY
+
+
+def promote_epp_roots(spans: Sequence[Span]) -> None:
+    """Give role `gateway` to the EPP's server root whatever it is called.
+
+    The EPP's root has been renamed before (`gateway.request`, then `request`); a name no
+    table row knows stays unclassified, but the span is still the EPP's SERVER root: sent by
+    the EPP (its scope or service), kind SERVER, its parent not the EPP's, and with an EPP
+    span or a request hop beneath it. Anchoring on that keeps the request's EPP hop (picks,
+    scheduling stage) through the next rename. Runs after normalisation, on all spans of the
+    batch, so parent and children are known."""
+    candidates = [
+        s for s in spans if s.role == ROLE.OTHER and s.kind == SERVER_KIND and not s.generation and is_epp(s)
+    ]
+    if not candidates:
+        return
+    wanted = {s.trace_id for s in candidates}
+    index: dict[tuple[str, str], Span] = {}
+    parents_of_hops: set[tuple[str, str]] = set()
+    for span in spans:
+        if span.trace_id not in wanted:
+            continue
+        index[(span.trace_id, span.span_id)] = span
+        if span.parent_span_id and (span.role in EPP_ROOT_CHILD_ROLES or is_epp(span)):
+            parents_of_hops.add((span.trace_id, span.parent_span_id))
+    for span in candidates:
+        parent = index.get((span.trace_id, span.parent_span_id or ""))
+        if parent is not None and is_epp(parent):
+            continue  # a server span inside the EPP's own trace tree, not its root
+        if (span.trace_id, span.span_id) in parents_of_hops:
+            span.role = ROLE.GATEWAY
+
+
 def _units(spans: Sequence[Span]) -> dict[tuple[str, str], str]:
     """Unit of each span: its trace, split per request when one trace holds several.
 
-    A load generator or client that wraps many requests in one trace yields several
-    `gateway.request` (or sidecar) roots in it; each one and the spans beneath it is one
-    request. Spans under no anchor stay with the trace's only anchor, or on their own.
+    A load generator or client that wraps many requests in one trace yields several EPP
+    roots (role `gateway`, see `promote_epp_roots`) or sidecar roots in it; each one and the
+    spans beneath it is one request. Spans under no anchor stay with the trace's only anchor, or on their own.
     """
     by_trace: dict[str, list[Span]] = {}
     for span in spans:
@@ -101,7 +139,7 @@ def _units(spans: Sequence[Span]) -> dict[tuple[str, str], str]:
     unit: dict[tuple[str, str], str] = {}
     for trace_id, members in by_trace.items():
         index = {s.span_id: s for s in members}
-        anchors = {s.span_id for s in members if s.canonical_name in ANCHOR_NAMES and s.role == "gateway"}
+        anchors = {s.span_id for s in members if _is_anchor(s)}
         if not anchors:
             anchors = {
                 s.span_id
@@ -135,7 +173,7 @@ def _nearest(span: Span, index: dict[str, Span], anchors: set[str]) -> str | Non
 
 def _one_request_trace(spans: Sequence[Span]) -> bool:
     """The common case, decided without the union-find: one trace with exactly one
-    `gateway.request` anchor is one unit, so all its spans make one group (a shared key can
+    EPP root (role `gateway`) is one unit, so all its spans make one group (a shared key can
     only join units, and there is one)."""
     if not spans:
         return False
@@ -144,7 +182,7 @@ def _one_request_trace(spans: Sequence[Span]) -> bool:
     for span in spans:
         if span.trace_id != trace_id:
             return False
-        if span.canonical_name in ANCHOR_NAMES and span.role == "gateway":
+        if _is_anchor(span):
             anchors += 1
     return anchors == 1
 
@@ -160,6 +198,7 @@ def requests(spans: Sequence[Span]) -> list[tuple[list[Span], JoinNotes]]:
     (`railtrace.assembly.joins`), each with what the rules rejected or could not verify."""
     for span in spans:
         normalize_span(span)
+    promote_epp_roots(spans)
     if _one_request_trace(spans):
         return [filter_single(list(spans))]
     units = _units(spans)

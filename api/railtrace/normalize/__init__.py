@@ -17,6 +17,7 @@ from railtrace_tracing.semconv import ROLE
 
 __all__ = [
     "engine_leg_hint",
+    "is_epp",
     "normalize_request_id",
     "normalize_span",
     "request_id_forms",
@@ -133,6 +134,15 @@ def _is_bbr(span: Span) -> bool:
     return scope.startswith(table.BBR_SCOPE_PREFIX) or span.service_name in table.BBR_SERVICES
 
 
+def is_epp(span: Span) -> bool:
+    """Whether the EPP sent this span, by what survives a rename: its tracer's scope
+    (`llm-d-router/pkg/epp/...`) or an EPP service name; never the body-based router."""
+    scope = span.scope_name if isinstance(span.scope_name, str) else ""
+    if scope.startswith(table.BBR_SCOPE_PREFIX):
+        return False
+    return scope.startswith(table.EPP_SCOPE_PREFIXES) or span.service_name in table.EPP_SERVICES
+
+
 def _is_sidecar(span: Span) -> bool:
     scope = span.scope_name or ""
     return (
@@ -194,6 +204,8 @@ def normalize_span(span: Span) -> Span:
             span.attributes = {}
         name = span.name if isinstance(span.name, str) else str(span.name)
         rule = lookup(name)
+        if rule is not None and rule.epp_only and not is_epp(span):
+            rule = None  # a generic name (`request`) from anyone but the EPP
         if rule is None:
             span.canonical_name = name
             if name in table.HTTP_CLIENT_NAMES and _is_sidecar(span):

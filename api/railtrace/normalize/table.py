@@ -19,6 +19,9 @@ from railtrace_tracing.semconv import ROLE
 
 # Generation labels (docs/interfaces.md).
 CURRENT = "current"
+# Router main after v0.10.0 (unreleased when written): the EPP's roots and scoring spans lost
+# their `gateway.` / `llm_d.epp.` prefixes. Newer than `current`, so it is named for itself.
+POST_V0_10 = "post-v0.10"
 V0_10 = "v0.10"
 V0_9 = "v0.9"
 V0_8 = "v0.8"
@@ -41,6 +44,9 @@ class Rule:
     component: str  # epp | kv_indexer | sidecar | vllm | railtrace
     note: str = ""
     regex: bool = False
+    # Generic names (`request`, `scoring`) count only from the EPP (`is_epp`): any other
+    # service may call a span that, and it must stay unclassified there.
+    epp_only: bool = False
 
 
 # `generation` is the newest generation whose names the span matches: a name llm-d still
@@ -59,6 +65,28 @@ RULES: tuple[Rule, ...] = (
     Rule("prepare_disaggregation", None, ROLE.SCHEDULING, CURRENT, "epp", "carries prefill pod address"),
     Rule("score_prefix_cache", None, ROLE.SCHEDULING, CURRENT, "epp", "prefix scorer"),
     Rule("produce_precise_prefix_cache", None, ROLE.SCHEDULING, CURRENT, "epp"),
+    # -- EPP / router, main after v0.10.0 (docs/normalisation.md section 7) ----------------
+    Rule(
+        "request",
+        "gateway.request",
+        ROLE.GATEWAY,
+        POST_V0_10,
+        "epp",
+        "EPP server span, no `gateway.` prefix",
+        epp_only=True,
+    ),
+    Rule(
+        "request_orchestration",
+        "gateway.request_orchestration",
+        ROLE.SCHEDULING,
+        POST_V0_10,
+        "epp",
+        "director, no `gateway.` prefix",
+        epp_only=True,
+    ),
+    Rule(
+        "scoring", "llm_d.epp.scoring", ROLE.SCHEDULING, POST_V0_10, "epp", "Weaver registry", epp_only=True
+    ),
     # -- EPP / router, <= v0.8.0 -----------------------------------------------------------
     Rule("llm_d.epp.pd.profile_handler.pick", "pick_pd_profile", ROLE.SCHEDULING, V0_8, "epp"),
     Rule("llm_d.epp.disagg.profile_handler.pick", "pick_disagg_profile", ROLE.SCHEDULING, V0_8, "epp"),
@@ -138,6 +166,16 @@ RULES: tuple[Rule, ...] = (
         regex=True,
     ),
     Rule(
+        r"scorer\.[A-Za-z0-9]+(?:-[A-Za-z0-9]+)+",
+        None,
+        ROLE.SCHEDULING,
+        POST_V0_10,
+        "epp",
+        "`scorer.<type>`, no `llm_d.epp.` prefix",
+        regex=True,
+        epp_only=True,
+    ),
+    Rule(
         r"llm_d\.pd_proxy\.(?:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS) /.*",
         None,
         ROLE.PROXY,
@@ -163,6 +201,10 @@ EPP_SERVICES: dict[str, str] = {
     "llm-d-inference-scheduler": V0_8,
     "gateway-api-inference-extension/epp": GIE,
 }
+# Instrumentation scopes of the EPP's own tracers (`tracing.Tracer("llm-d-router/pkg/epp/...")`
+# in pkg/epp/handlers/server.go, requestcontrol/director.go, scheduling/constants.go; GIE's
+# `gateway-api-inference-extension/epp/extproc`). Scope names survive span renames.
+EPP_SCOPE_PREFIXES: tuple[str, ...] = ("llm-d-router/pkg/epp", "gateway-api-inference-extension/epp")
 SIDECAR_SERVICES: frozenset[str] = frozenset({"llm-d-disagg-sidecar", "pd-sidecar", "routing-proxy"})
 SIDECAR_SCOPE = "llm-d-router/pkg/sidecar/proxy"
 OTELHTTP_SCOPE_PREFIX = "go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"

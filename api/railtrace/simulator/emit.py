@@ -36,9 +36,16 @@ from railtrace_tracing.kv_transfer import record_kv_transfer
 from railtrace_tracing.pd import Leg, PDProxyRecorder
 from railtrace_tracing.router_scoring import Candidate, SchedulingRecorder
 
-GENERATIONS = ("current", "v0.10", "v0.9", "v0.8")
-# The llm-d-router release each generation's names come from (docs/normalisation.md cites them).
-RELEASES = {"current": "HEAD", "v0.10": "v0.10.0", "v0.9": "v0.9.0", "v0.8": "v0.8.0"}
+GENERATIONS = ("current", "post-v0.10", "v0.10", "v0.9", "v0.8")
+# The llm-d-router release each generation's names come from (docs/normalisation.md cites them):
+# `post-v0.10` is router main after v0.10.0 (no tag yet; builds describe v0.10.0).
+RELEASES = {
+    "current": "HEAD",
+    "post-v0.10": "main@8540131219eb",
+    "v0.10": "v0.10.0",
+    "v0.9": "v0.9.0",
+    "v0.8": "v0.8.0",
+}
 # How the simulated processes' resources reach railtrace (docs/simulator.md):
 # - `collector`: through the production overlay's tier-1 collector, whose k8sattributes processor
 #   adds k8s.pod.name, k8s.namespace.name and k8s.node.name to every process (a documented step);
@@ -67,6 +74,10 @@ class Names:
     prepare: str
     prefix_span: str | None  # old single prefix-scorer span; None when the scoring subtree exists
     sidecar_injects: bool
+    root: str = sc.SPAN_GATEWAY_REQUEST  # the EPP's server span
+    orchestration: str = sc.SPAN_GATEWAY_ORCHESTRATION  # the director's span
+    scoring: str = sc.SPAN_EPP_SCORING
+    scorer_prefix: str = sc.SPAN_EPP_SCORER_PREFIX
 
 
 _CURRENT = Names(
@@ -87,6 +98,13 @@ _V010 = replace(_CURRENT, sidecar_service="pd-sidecar")
 _V09 = replace(_V010, prefix_span=sc.SPAN_SCORE_PREFIX_CACHE, sidecar_injects=False)
 NAMES: dict[str, Names] = {
     "current": _CURRENT,
+    "post-v0.10": replace(
+        _CURRENT,
+        root=sc.SPAN_POST_V010_REQUEST,
+        orchestration=sc.SPAN_POST_V010_ORCHESTRATION,
+        scoring=sc.SPAN_POST_V010_SCORING,
+        scorer_prefix=sc.SPAN_POST_V010_SCORER_PREFIX,
+    ),
     "v0.10": _V010,
     "v0.9": _V09,
     "v0.8": replace(
@@ -339,7 +357,8 @@ class Emitter:
         if self.generation == "v0.8":
             return {}
         release = RELEASES[self.generation]
-        tag = "v0.10.0" if release == "HEAD" else release  # HEAD builds describe the newest tag
+        # HEAD and main builds describe the newest tag
+        tag = release if release.startswith("v") else "v0.10.0"
         return {sc.RES_SERVICE_VERSION: tag if image == "epp" else ""}
 
     def _epp(self) -> trace.TracerProvider:
@@ -382,7 +401,7 @@ class Emitter:
         epp = self._epp().get_tracer("llm-d-router/pkg/epp/handlers")
         failed_status = Status(StatusCode.ERROR, "upstream request timeout")
         gw = epp.start_span(
-            sc.SPAN_GATEWAY_REQUEST,
+            self.names.root,
             kind=SpanKind.SERVER,
             start_time=self.ns(r.arrival),
             attributes={
@@ -407,7 +426,7 @@ class Emitter:
         tracer = self._epp().get_tracer("llm-d-router/pkg/epp/requestcontrol")
         t0, t1 = r.arrival + 0.00005, r.sched_end - 0.00005
         orch = tracer.start_span(
-            sc.SPAN_GATEWAY_ORCHESTRATION,
+            n.orchestration,
             context=parent,
             kind=SpanKind.SERVER,
             start_time=self.ns(t0),
@@ -415,7 +434,7 @@ class Emitter:
         )
         octx = trace.set_span_in_context(orch)
         step = (t1 - t0) / 8
-        rec = SchedulingRecorder(self._epp())
+        rec = SchedulingRecorder(self._epp(), scoring_span=n.scoring, scorer_prefix=n.scorer_prefix)
         req_id = epp_request_id(r)  # the x-request-id the EPP reads (and sets when absent)
 
         def decision(i: int, value: str) -> None:

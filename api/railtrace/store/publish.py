@@ -6,6 +6,7 @@ them through `_delete_requests`).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -110,7 +111,10 @@ def _delete_requests(conn: Connection, trace_ids: Sequence[str], delta: RollupDe
     if not trace_ids:
         return
     sqlite = is_sqlite(conn)
-    q, ids = _statements(sqlite), {"ids": listed(trace_ids, sqlite)}
+    q = _statements(sqlite)
+    # With them, the rows of the other requests that share these primary traces.
+    sharing = conn.execute(q.sharing_requests, {"ids": listed(trace_ids, sqlite)}).scalars().all()
+    ids = {"ids": listed(sorted({*trace_ids, *sharing}), sqlite)}
     flag_rows = conn.execute(q.delete_flags, ids).mappings().all()
     old = conn.execute(q.delete_requests, ids).mappings().all()
     delta.removed(old, flag_rows)
@@ -126,22 +130,37 @@ class _RequestRows:
     trace_to_request: dict[str, str]
 
 
+def shared_trace_key(trace_id: str, request_id: str | None, start_ns: int) -> str:
+    """Row key of a request that shares its primary trace with an earlier one (a client span
+    holding several requests): 32 hex digits, the same each time the request is assembled."""
+    seed = f"{trace_id}/{request_id or ''}/{start_ns}".encode()
+    return hashlib.blake2b(seed, digest_size=16).hexdigest()
+
+
 def _request_rows(summaries: Sequence[RequestSummary], now_ns: int) -> _RequestRows:
-    trace_to_request: dict[str, str] = {}
-    for s in summaries:
-        for tid in s.trace_ids or [s.trace_id]:
-            trace_to_request.setdefault(tid, s.trace_id)
+    """Rows keyed by primary trace id; a second request under the same primary trace (one
+    trace holding several EPP roots) is keyed by `shared_trace_key`, `trace_of` naming the
+    trace, so that none is lost and replacing or expiring the trace removes them all."""
     rows: dict[str, dict[str, Any]] = {}
     flag_rows: list[dict[str, Any]] = []
-    for s in summaries:
-        if s.trace_id in rows:  # two requests under one primary trace: the first is kept
-            continue
+    keyed: list[tuple[str, RequestSummary]] = []
+    for s in sorted(summaries, key=_start_ns):
+        key, trace_of = s.trace_id, None
+        if key in rows:
+            key, trace_of = shared_trace_key(s.trace_id, s.request_id, _start_ns(s)), s.trace_id
+            if key in rows:  # the same request twice: the first is kept
+                continue
         names = sorted(_flags(s))
-        row = rows[s.trace_id] = _request_row(s, now_ns, names)
+        row = rows[key] = _request_row(s, now_ns, names, key, trace_of)
+        keyed.append((key, s))
         # The list's sort keys are repeated in the flag's rows: `?flag=` in each order walks
         # one index of request_flags (schema.py).
-        keys = {k: row[k] for k in ("start_ns", "ttft_s", "kv_duration_s")}
-        flag_rows += [{"flag": n, "trace_id": s.trace_id, **keys} for n in names]
+        sort_keys = {k: row[k] for k in ("start_ns", "ttft_s", "kv_duration_s")}
+        flag_rows += [{"flag": n, "trace_id": key, **sort_keys} for n in names]
+    trace_to_request: dict[str, str] = {}
+    for key, s in keyed:
+        for tid in s.trace_ids or [s.trace_id]:
+            trace_to_request.setdefault(tid, key)
     return _RequestRows(rows, flag_rows, trace_to_request)
 
 
@@ -216,10 +235,13 @@ def _flags(s: RequestSummary) -> set[str]:
     return {str(f.name)[:64] for f in s.flags}
 
 
-def _request_row(s: RequestSummary, now_ns: int, flag_names: list[str]) -> dict[str, Any]:
+def _request_row(
+    s: RequestSummary, now_ns: int, flag_names: list[str], key: str, trace_of: str | None
+) -> dict[str, Any]:
     kv = s.kv_transfer
     return {
-        "trace_id": s.trace_id,
+        "trace_id": key,
+        "trace_of": trace_of,
         "request_id": _text((s.request_id or None) and s.request_id[:256]),
         "model": _text((s.model or None) and s.model[:256]),
         "start_ns": _start_ns(s),

@@ -124,8 +124,13 @@ requests = Table(
     Column("flag_names", Text, nullable=False),  # comma list, for display and stats
     Column("summary", LargeBinary, nullable=False),  # the RequestSummary as JSON
     Column("updated_ns", BigInteger, nullable=False),
+    # Several requests under one primary trace (a client span holding them): the first is keyed
+    # by the trace id, each other one by a digest, with the trace here (migration 0012).
+    Column("trace_of", String(32)),
 )
 Index("ix_requests_start", requests.c.start_ns, requests.c.trace_id)
+_shares = requests.c.trace_of.is_not(None)
+Index("ix_requests_trace_of", requests.c.trace_of, postgresql_where=_shares, sqlite_where=_shares)
 Index("ix_requests_request_id", requests.c.request_id)
 Index("ix_requests_path_class", requests.c.path_class, requests.c.start_ns)
 # The list slowest first (`?order=ttft|kv_time`, migration 0010), alone and by path class: only

@@ -348,6 +348,7 @@ class _Statements:
         # the requests of these primary traces, then those these traces were stitched into.
         self.previous_summaries = union_all(
             select(r.trace_id, r.summary).where(ids(r.trace_id)),
+            select(r.trace_id, r.summary).where(ids(r.trace_of)),
             select(r.trace_id, r.summary)
             .join(traces, t.request_trace_id == r.trace_id)
             .where(ids(t.trace_id), t.request_trace_id != t.trace_id),
@@ -355,6 +356,8 @@ class _Statements:
         self.delete_flags = (
             delete(request_flags).where(ids(f.trace_id)).returning(f.flag, f.start_ns, f.trace_id)
         )
+        # Requests keyed apart that share one of these primary traces (migration 0012).
+        self.sharing_requests = select(r.trace_id).where(ids(r.trace_of))
         self.delete_requests = delete(requests).where(ids(r.trace_id)).returning(*REQUEST_COLUMNS)
         by_primary = select(r.summary, literal_column("0").label("pref")).where(
             r.trace_id == bindparam("ident")

@@ -23,6 +23,7 @@ from railtrace.model import (
     leg_dict,
     rfc3339,
 )
+from railtrace.normalize.table import endpoint_pod
 from railtrace.topology.identity import (
     claim_rejection,
     resolve_address,
@@ -433,20 +434,33 @@ def _key_level(a: str | None, b: str | None) -> TopologyLevel:
     return TopologyLevel.FAR if pa[0] and pb[0] else TopologyLevel.UNKNOWN
 
 
+def _dispatched(pick: RouterPick, leg: Endpoint) -> Candidate | None:
+    """The candidate a leg was dispatched to: the router shim's recorded choice, else the one
+    naming the leg's resolved pod or address. llm-d's `top_endpoints` order is no choice
+    (written before the pick; the max-score picker shuffles ties), so it is never read as one."""
+    if pick.chosen:
+        return next((c for c in pick.candidates if c.endpoint == pick.chosen), None)
+    for c in pick.candidates:
+        pod = c.pod or endpoint_pod(c.endpoint)
+        if (leg.pod and pod == leg.pod) or (leg.address and c.endpoint == leg.address):
+            return c
+    return None
+
+
 def _blind_pairing(ctx: _Ctx) -> None:
     pick = _decode_pick(ctx)
     pnode = ctx.prefill.node
-    if pick is None or not pick.chosen:
+    if pick is None or not pick.candidates:
         ctx.notes.append("no decode pick with candidates: pairing not judged")
         return
-    chosen = next((c for c in pick.candidates if c.endpoint == pick.chosen), None)
+    chosen = _dispatched(pick, ctx.decode)
     if chosen is None or chosen.score is None:
-        ctx.notes.append(f"span {pick.span_id}: chosen endpoint has no score: pairing not judged")
+        ctx.notes.append(f"span {pick.span_id}: dispatched endpoint not a scored candidate: not judged")
         return
     prefill_key = None
     for p in ctx.facts.picks:
-        if p.profile == "prefill" and p.chosen:
-            prefill_key = next((c.topology for c in p.candidates if c.endpoint == p.chosen), None)
+        if p.profile == "prefill" and (dispatched := _dispatched(p, ctx.prefill)) is not None:
+            prefill_key = dispatched.topology
 
     def level(c: Candidate) -> TopologyLevel:
         lvl = TopologyLevel.UNKNOWN

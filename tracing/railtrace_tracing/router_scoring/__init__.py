@@ -153,11 +153,12 @@ class ProfileRun:
         start_time_ns: int | None = None,
         end_time_ns: int | None = None,
     ) -> None:
-        """One `llm_d.epp.scorer.<type>` span under a shared `llm_d.epp.scoring` span."""
+        """One `llm_d.epp.scorer.<type>` span under a shared `llm_d.epp.scoring` span (the
+        recorder's `scorer_prefix` and `scoring_span`)."""
         try:
             if self._scoring is None:
                 self._scoring = self._rec.tracer.start_span(
-                    sc.SPAN_EPP_SCORING,
+                    self._rec.scoring_span,
                     context=self._ctx(self.span),
                     kind=SpanKind.INTERNAL,
                     attributes={**self._req, sc.EPP_SCORING_CANDIDATES: len(scores)},
@@ -166,7 +167,7 @@ class ProfileRun:
             self._scorers += 1
             vals = [float(v) for v in scores.values()]
             self._emit(
-                sc.SPAN_EPP_SCORER_PREFIX + scorer_type,
+                self._rec.scorer_prefix + scorer_type,
                 self._scoring,
                 {
                     sc.EPP_SCORER_TYPE: scorer_type,
@@ -219,10 +220,22 @@ class ProfileRun:
 
 
 class SchedulingRecorder:
-    """Emits llm-d EPP scheduling spans on `tracer_provider` (global when None)."""
+    """Emits llm-d EPP scheduling spans on `tracer_provider` (global when None).
 
-    def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
+    `scoring_span` and `scorer_prefix` name the scoring spans as the router release beside it
+    does: `llm_d.epp.scoring` / `llm_d.epp.scorer.<type>` up to v0.10.0, `scoring` /
+    `scorer.<type>` on router main after it (`semconv.SPAN_POST_V010_*`)."""
+
+    def __init__(
+        self,
+        tracer_provider: trace.TracerProvider | None = None,
+        *,
+        scoring_span: str = sc.SPAN_EPP_SCORING,
+        scorer_prefix: str = sc.SPAN_EPP_SCORER_PREFIX,
+    ) -> None:
         self.tracer = get_tracer(TRACER_NAME, tracer_provider)
+        self.scoring_span = scoring_span
+        self.scorer_prefix = scorer_prefix
 
     @contextlib.contextmanager
     def profile(
