@@ -37,7 +37,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_contex
 
 from benchmarks.common.jaeger import Jaeger, JaegerUnavailable, jaeger_binary
 from benchmarks.common.payload import PROCESSES, spans_of_request
-from tests.service_helpers import wait_for
+from railtrace.server.runner import Service
+from tests.service_helpers import settings_for, wait_for
 
 # The tags railtrace adds and Jaeger cannot: the request's verdict, on its root span only, and
 # ingest's stamps on the resource (who sent it, who vouches for its pod), on every process.
@@ -298,3 +299,38 @@ def test_trace_services_operations_and_search_match_jaeger(jaeger: Jaeger, railt
         == _get(f"{theirs_base}/api/traces/not-hex").status_code
         == 400
     )
+
+
+def test_jaeger_paths_need_the_api_token_and_take_read_turns(tmp_path: Path) -> None:
+    """Without Jaeger: `/jaeger/api/` is read API like `/api/` (token, read gate), and its
+    answers keep Jaeger's envelope on refusals of railtrace's own (bounded limit)."""
+    settings = settings_for(f"sqlite:///{tmp_path / 'railtrace.db'}", api_token="s3cret")
+    with Service(settings) as svc:
+        base = svc.http_url + "/jaeger/api"
+        assert httpx.get(base + "/services", timeout=10).status_code == 401
+        auth = {"authorization": "Bearer s3cret"}
+        assert svc.app is not None
+        reads = svc.app.state.reads
+        before = reads.admitted
+        r = httpx.get(base + "/services", headers=auth, timeout=10)
+        assert r.status_code == 200 and r.json() == {
+            "data": [],
+            "total": 0,
+            "limit": 0,
+            "offset": 0,
+            "errors": None,
+        }
+        assert reads.admitted == before + 1
+        r = httpx.get(base + "/traces", params={"service": "x", "limit": 5000}, headers=auth, timeout=10)
+        assert r.status_code == 400 and "between 1 and 1000" in r.json()["errors"][0]["msg"]
+        r = httpx.get(base + "/traces/" + "ab" * 16, headers=auth, timeout=10)
+        assert r.status_code == 404 and r.json()["errors"] == [{"code": 404, "msg": "trace not found"}]
+        # Documented in /openapi.json with the answers' models.
+        paths = httpx.get(svc.http_url + "/openapi.json", timeout=10).json()["paths"]
+        assert {
+            "/jaeger/api/services",
+            "/jaeger/api/services/{service}/operations",
+            "/jaeger/api/operations",
+            "/jaeger/api/traces",
+            "/jaeger/api/traces/{trace_id}",
+        } <= set(paths)
