@@ -194,7 +194,8 @@ def _operations(
 
 
 @router.get(
-    "/services/{service}/operations",
+    # `:path`: a service name may hold '/' (`llm-d-router/epp`), sent as %2F.
+    "/services/{service:path}/operations",
     summary="Jaeger: span names of a service (recent requests)",
     response_model=NamesAnswer,
     responses=RESPONSES,
