@@ -54,6 +54,12 @@ GO_DURATION = re.compile(r"^[+-]?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|μs|ms|s
 GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 GO_UNITS = {"ns": 1, "us": 1e3, "µs": 1e3, "μs": 1e3, "ms": 1e6, "s": 1e9, "m": 60e9, "h": 3600e9}
 MAX_TAGS = 50
+# Bounds that keep a request within `max_request_line_bytes` (8 KiB; HTTP 414 beyond it) even
+# percent-encoded: tags are short (`{"http.response.status_code":"500"}`). `tags` and `tag` may
+# repeat (as in Jaeger): every value is checked against these.
+MAX_TAGS_CHARS = 512
+MAX_TAG_CHARS = 256
+MAX_TAG_PARAMS = 10
 
 
 # -- Answers --------------------------------------------------------------------------------
@@ -312,15 +318,15 @@ def _tags(simple: list[str], as_json: list[str]) -> dict[str, str]:
     "/traces",
     summary="Jaeger: search traces of a service (newest first)",
     response_model=TracesAnswer,
-    responses=RESPONSES,
+    responses={**RESPONSES, 414: {"description": "The request line is over the HTTP server's limit"}},
 )
 async def find(
     rt: RuntimeDep,
     request: Request,
     service: Annotated[str, Query(max_length=256)] = "",
-    operation: Annotated[str, Query(max_length=512)] = "",
-    tags: Annotated[list[str] | None, Query(max_length=4000)] = None,
-    tag: Annotated[list[str] | None, Query(max_length=4000)] = None,
+    operation: Annotated[str, Query(max_length=256)] = "",
+    tags: Annotated[str, Query(max_length=MAX_TAGS_CHARS, description="JSON object; may repeat")] = "",
+    tag: Annotated[str, Query(max_length=MAX_TAG_CHARS, description="key:value; may repeat")] = "",
     start: Annotated[str, Query(max_length=32, description="microseconds since the epoch")] = "",
     end: Annotated[str, Query(max_length=32, description="microseconds since the epoch")] = "",
     minDuration: Annotated[str, Query(max_length=64, description="Go duration: 1.5s, 200ms")] = "",
@@ -328,9 +334,12 @@ async def find(
     limit: Annotated[str, Query(max_length=16)] = "",
     lookback: Annotated[str, Query(max_length=32, description="Grafana sends it; start/end decide")] = "",
 ) -> Response:
+    every_tags, every_tag = request.query_params.getlist("tags"), request.query_params.getlist("tag")
     try:
+        _bounded(every_tags, "tags", MAX_TAGS_CHARS)
+        _bounded(every_tag, "tag", MAX_TAG_CHARS)
         params = _trace_query(
-            rt, service, operation, tags or [], tag or [], start, end, minDuration, maxDuration, limit
+            rt, service, operation, every_tags, every_tag, start, end, minDuration, maxDuration, limit
         )
     except ValueError as exc:
         return _error(400, str(exc))
@@ -344,6 +353,13 @@ async def find(
         return _answer(traces)
 
     return await _run(rt, answer, rt.settings.search_max_spans)
+
+
+def _bounded(values: list[str], name: str, chars: int) -> None:
+    if len(values) > MAX_TAG_PARAMS:
+        raise ValueError(f"at most {MAX_TAG_PARAMS} '{name}' parameters")
+    if any(len(v) > chars for v in values):
+        raise ValueError(f"a '{name}' parameter is longer than {chars} characters")
 
 
 def _trace_query(
