@@ -354,3 +354,18 @@ def test_jaeger_paths_need_the_api_token_and_take_read_turns(tmp_path: Path) -> 
             "/jaeger/api/traces",
             "/jaeger/api/traces/{trace_id}",
         } <= set(paths)
+
+
+def test_a_trace_over_the_span_budget_is_cut_with_a_warning(tmp_path: Path) -> None:
+    """Without Jaeger: a trace over `trace_max_spans` is answered cut there, the reason in
+    Jaeger's `warnings` and in `X-Railtrace-Partial`, as the Tempo API does."""
+    settings = settings_for(f"sqlite:///{tmp_path / 'railtrace.db'}", trace_max_spans=3)
+    spans, trace_id = _request_spans(seed=11)
+    with Service(settings) as svc:
+        _send(spans, svc.http_url + "/v1/traces")
+        r = httpx.get(f"{svc.http_url}/jaeger/api/traces/{trace_id}", timeout=30)
+        assert r.status_code == 200, r.text
+        trace = r.json()["data"][0]
+        assert 0 < len(trace["spans"]) < len(spans)
+        assert trace["warnings"] and "cut short" in trace["warnings"][0]
+        assert "cut short" in r.headers["x-railtrace-partial"]
