@@ -295,6 +295,17 @@ def test_trace_services_operations_and_search_match_jaeger(
             for o, t in zip(mine(ours_found), mine(theirs_found), strict=True):
                 _same_trace(o, t)
 
+    # Traces by id through the search form: the same traces, the same errors for unknown ids.
+    unknown = "0" * 31 + "1"
+    theirs_ids, ours_ids = (
+        httpx.get(b + "/api/traces", params=[("traceID", trace_id), ("traceID", unknown)], timeout=30).json()
+        for b in (theirs_base, ours_base)
+    )
+    assert (
+        ours_ids["errors"] == theirs_ids["errors"] and len(ours_ids["data"]) == len(theirs_ids["data"]) == 1
+    )
+    _same_trace(ours_ids["data"][0], theirs_ids["data"][0])
+
     # Bad parameters: a 400 from both, with the reason in Jaeger's `errors`.
     for params in (
         {},

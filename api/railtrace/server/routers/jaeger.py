@@ -333,8 +333,12 @@ async def find(
     maxDuration: Annotated[str, Query(max_length=64, description="Go duration: 1.5s, 200ms")] = "",
     limit: Annotated[str, Query(max_length=16)] = "",
     lookback: Annotated[str, Query(max_length=32, description="Grafana sends it; start/end decide")] = "",
+    traceID: Annotated[str, Query(max_length=32, description="a trace id; may repeat (then no search)")] = "",
 ) -> Response:
     every_tags, every_tag = request.query_params.getlist("tags"), request.query_params.getlist("tag")
+    ids = request.query_params.getlist("traceID")
+    if ids:
+        return await _by_ids(rt, request, ids)
     try:
         _bounded(every_tags, "tags", MAX_TAGS_CHARS)
         _bounded(every_tag, "tag", MAX_TAG_CHARS)
@@ -353,6 +357,31 @@ async def find(
         return _answer(traces)
 
     return await _run(rt, answer, rt.settings.search_max_spans)
+
+
+async def _by_ids(rt: Runtime, request: Request, raw_ids: list[str]) -> Response:
+    """Jaeger's `traceID=` form of the search: those traces, and an error per id not found."""
+    if len(raw_ids) > MAX_TAG_PARAMS:
+        return _error(400, f"at most {MAX_TAG_PARAMS} 'traceID' parameters")
+    ids = [_full_id(t) for t in raw_ids]
+    if None in ids:
+        return _error(400, "cannot parse traceID param: not a hex trace id")
+    url = _url(request)
+
+    def answer(b: Budget) -> Response:
+        traces, errors = [], []
+        for tid in dict.fromkeys(t for t in ids if t):
+            spans, summary, cut = read_trace(rt.store, tid, b, lambda why: f"trace cut short ({why})")
+            if not spans:
+                errors.append({"msg": "trace not found", "traceID": jaeger_id(tid)})
+                continue
+            trace = jaeger_trace(tid, spans, summary, url(tid))
+            if cut:
+                trace["warnings"] = [cut]
+            traces.append(trace)
+        return _answer(traces, errors=errors or None)
+
+    return await _run(rt, answer, rt.settings.trace_max_spans)
 
 
 def _bounded(values: list[str], name: str, chars: int) -> None:
