@@ -58,9 +58,10 @@ KINDS = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def jaegers() -> Iterator[dict[str, Jaeger]]:
-    """Jaeger v2 with its default in-memory store, and with Badger (on disk)."""
+    """Jaeger v2 with its default in-memory store, and with Badger (on disk): fresh for each
+    test, so both hold what railtrace holds (counts of calls compare)."""
     try:
         binary = jaeger_binary()
     except JaegerUnavailable as exc:
@@ -294,6 +295,16 @@ def test_trace_services_operations_and_search_match_jaeger(
             assert len(mine(ours_found)) == len(mine(theirs_found)), (base, params)
             for o, t in zip(mine(ours_found), mine(theirs_found), strict=True):
                 _same_trace(o, t)
+
+    # Calls between services (Grafana's dependency graph): the same links and counts.
+    now_ms = time.time_ns() // 10**6
+    for params in ({"endTs": now_ms, "lookback": 3_600_000}, {"endTs": now_ms, "service": "vllm-decode"}):
+        theirs_deps, ours_deps = (
+            _get(b + "/api/dependencies", **params).json() for b in (theirs_base, ours_base)
+        )
+        key = lambda d: (d["parent"], d["child"])  # noqa: E731
+        assert ours_deps["data"] == sorted(theirs_deps["data"], key=key), params
+        assert ours_deps["data"], params
 
     # Traces by id through the search form: the same traces, the same errors for unknown ids.
     unknown = "0" * 31 + "1"

@@ -283,3 +283,49 @@ def find_traces(
             return found, None
         cursor = Cursor.decode(page.next_cursor)
     return found, None
+
+
+def dependencies(
+    store: Store, start_ns: int, end_ns: int, budget: Budget, max_requests: int
+) -> tuple[dict[tuple[str, str], int], str | None]:
+    """Calls between services, as Jaeger's in-memory store counts them
+    (internal/storage/v2/memory/tenant.go, `getDependencies`): for each request wholly within
+    `start_ns`..`end_ns`, one call from the parent span's service to the child span's for every
+    span whose parent is among the request's spans (a service calling itself included). And why
+    the walk stopped early (None: every request of the window was counted)."""
+    calls: dict[tuple[str, str], int] = {}
+    inspected = 0
+    cursor = None
+    while True:
+        if inspected >= max_requests:
+            return calls, f"request budget of {max_requests} requests inspected spent"
+        if not budget.left():
+            return calls, budget.spent
+        page = store.list_requests(
+            RequestQuery(
+                limit=min(200, max_requests - inspected),
+                cursor=cursor,
+                since_ns=max(0, start_ns),
+                until_ns=end_ns + 1,
+            )
+        )
+        for summary in page.items:
+            inspected += 1
+            ids: Iterable[str] = summary.get("trace_ids") or [summary["trace_id"]]
+            spans, complete = read_spans(store, ids, budget, summary.get("span_count"))
+            if not complete:
+                return calls, budget.spent
+            if (
+                not spans
+                or min(s.start_ns for s in spans) <= start_ns
+                or max(s.end_ns for s in spans) >= end_ns
+            ):
+                continue
+            service_of = {(s.trace_id, s.span_id): s.service_name for s in spans}
+            for s in spans:
+                parent = service_of.get((s.trace_id, s.parent_span_id or ""))
+                if s.parent_span_id and parent is not None:
+                    calls[(parent, s.service_name)] = calls.get((parent, s.service_name), 0) + 1
+        if not page.next_cursor:
+            return calls, None
+        cursor = Cursor.decode(page.next_cursor)

@@ -28,6 +28,7 @@ from railtrace.query.budget import Budget, QueryUnavailable
 from railtrace.query.jaeger import (
     Operation,
     TraceQuery,
+    dependencies,
     find_traces,
     jaeger_id,
     jaeger_trace,
@@ -118,6 +119,12 @@ class JaegerOperation(BaseModel):
     spanKind: str
 
 
+class DependencyLink(BaseModel):
+    parent: str
+    child: str
+    callCount: int
+
+
 class _Envelope(BaseModel):
     total: int = 0
     limit: int = 0
@@ -135,6 +142,10 @@ class NamesAnswer(_Envelope):
 
 class OperationsAnswer(_Envelope):
     data: list[JaegerOperation] | None
+
+
+class DependenciesAnswer(_Envelope):
+    data: list[DependencyLink] | None
 
 
 ERROR_ANSWER = {"model": _Envelope, "description": "Jaeger's envelope with `errors: [{code, msg}]`"}
@@ -436,4 +447,52 @@ def _trace_query(
     )
 
 
-__all__ = ["PREFIX", "jaeger_id", "router"]
+# -- Dependencies ---------------------------------------------------------------------------
+
+DEPENDENCY_LOOKBACK_MS = 24 * 3600 * 1000  # Jaeger's default (cmd/query/app/default_params.go)
+
+
+@router.get(
+    "/dependencies",
+    summary="Jaeger: calls between services in a window (Grafana's dependency graph)",
+    response_model=DependenciesAnswer,
+    responses=RESPONSES,
+)
+async def get_dependencies(
+    rt: RuntimeDep,
+    endTs: Annotated[str, Query(max_length=32, description="milliseconds since the epoch; default now")] = "",
+    lookback: Annotated[str, Query(max_length=32, description="milliseconds; default a day")] = "",
+    service: Annotated[str, Query(max_length=256, description="only links from or to it")] = "",
+) -> Response:
+    try:
+        end_ms = _integer(endTs, "endTs", time.time_ns() // 10**6)
+        back_ms = _integer(lookback, "lookback", DEPENDENCY_LOOKBACK_MS)
+    except ValueError as exc:
+        return _error(400, str(exc))
+    end_ns, start_ns = end_ms * 10**6, (end_ms - back_ms) * 10**6
+
+    def answer(b: Budget) -> Response:
+        calls, stopped = dependencies(rt.store, start_ns, end_ns, b, rt.settings.search_max_requests)
+        links = [
+            {"parent": p, "child": c, "callCount": n}
+            for (p, c), n in sorted(calls.items())
+            if not service or service in (p, c)
+        ]
+        if stopped is not None:
+            why = f"count stopped early ({stopped}): calls of older requests are missing"
+            return _answer(links, errors=[{"code": 206, "msg": why}], headers={PARTIAL_HEADER: why})
+        return _answer(links)
+
+    return await _run(rt, answer, rt.settings.search_max_spans)
+
+
+def _integer(raw: str, name: str, default: int) -> int:
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"unable to parse param '{name}': not an integer: {raw[:40]!r}") from None
+    if not 0 <= value <= 7_258_118_400_000:
+        raise ValueError(f"param '{name}' is out of range: {value}")
+    return value
