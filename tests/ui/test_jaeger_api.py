@@ -144,7 +144,14 @@ def _request_spans(seed: int) -> tuple[list[ReadableSpan], str]:
         tracer = providers[proc].get_tracer(f"{PROCESSES[proc][0]}.tracer", "0.1.0")
         ctx = set_span_in_context(made[int(parent)]) if parent is not None else None
         extra: dict[str, Any] = (
-            {"test.int_list": [1, 2, 3], "test.bool_list": [True, False]} if i == 0 else {}
+            {
+                "test.int_list": [1, 2, 3],
+                "test.bool_list": [True, False],
+                "test.float_list": [1.0, 2.5, 1e-07, 0.00001],
+                "test.str_list": ["a<b>&c", "ü"],
+            }
+            if i == 0
+            else {}
         )
         span = tracer.start_span(
             name, context=ctx, kind=KINDS[name], attributes={**attrs, **extra}, start_time=t0 + s0

@@ -21,9 +21,11 @@ service, and the operation, tags and duration bounds asked for, as in Jaeger.
 from __future__ import annotations
 
 import base64
+import json
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -63,7 +65,52 @@ def jaeger_id(hex_id: str) -> str:
 
 
 def _json(value: Any) -> str:
-    return orjson.dumps(value).decode()
+    """An array or map attribute as Jaeger shows it: the JSON Go's encoding/json writes for it
+    (pdata pcommon.Value.AsString @ v1.45.0): keys sorted, no spaces, `<`, `>`, `&` escaped,
+    floats as ES6 numbers (`1`, not `1.0`; `0.00001`; `1e-7`)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return _go_float(value)
+    if isinstance(value, bytes):
+        value = base64.b64encode(value).decode()
+    if isinstance(value, str):
+        text = json.dumps(value, ensure_ascii=False)
+        for ch, esc in GO_ESCAPES:
+            text = text.replace(ch, esc)
+        return text
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_json(str(k))}:{_json(v)}" for k, v in sorted(value.items())) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_json(v) for v in value) + "]"
+    return _json(str(value))
+
+
+# What Go's encoding/json escapes in strings beyond what Python's json does.
+GO_ESCAPES = (
+    ("<", "\\u003c"),
+    (">", "\\u003e"),
+    ("&", "\\u0026"),
+    ("\u2028", "\\u2028"),
+    ("\u2029", "\\u2029"),
+)
+
+
+def _go_float(x: float) -> str:
+    """A float as Go's encoding/json writes it (ES6 number formatting)."""
+    if not math.isfinite(x):
+        return "null"
+    a = abs(x)
+    if a != 0 and (a < 1e-6 or a >= 1e21):
+        mantissa, _, exp = repr(x).partition("e")
+        n = int(exp)
+        return f"{mantissa}e-{-n}" if n < 0 else f"{mantissa}e+{n:02d}"
+    text = format(Decimal(repr(x)), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def tag(key: str, value: Any) -> dict[str, Any]:
