@@ -355,6 +355,33 @@ def kv_transfer() -> Dashboard:
                     unit="ops",
                 )
             )
+            .with_panel(
+                timeseries(
+                    "vLLM NIXL KV lease expiry beside kv_transfer_failed",
+                    "vLLM's counters of requests whose KV lease expired on the prefill side before "
+                    "decode read it, and of completion notifications that arrived after expiry (the "
+                    "blocks may have been reused), per pod; railtrace's kv_transfer_failed flag rate "
+                    "beside them. No failed span does not mean no expiry: vLLM frees expired blocks "
+                    "without a transfer.",
+                    [
+                        prom(
+                            f"sum by (pod) ({_rate(sel('vllm:nixl_num_kv_expired_reqs_total'))})",
+                            "{{pod}} expired KV leases",
+                        ),
+                        prom(
+                            f"sum by (pod) ({_rate(sel('vllm:nixl_num_notifications_after_expiry_total'))})",
+                            "{{pod}} notifications after expiry",
+                            ref="B",
+                        ),
+                        prom(
+                            f"sum({_rate(sel(semconv.M_FLAGS, eq('flag', FlagName.KV_TRANSFER_FAILED)))})",
+                            "railtrace kv_transfer_failed",
+                            ref="C",
+                        ),
+                    ],
+                    unit="ops",
+                )
+            )
         )
     )
 

@@ -98,7 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--trusted-collector",
         action="append",
         metavar="CIDR",
-        help="an OTel collector whose k8s.pod.name / k8s.pod.ip (k8sattributes) are believed (repeatable)",
+        help="an OTel collector whose k8s.pod.name / k8s.pod.ip (k8sattributes) are believed (repeatable;"
+        " default: loopback, which listing any replaces)",
+    )
+    serve.add_argument(
+        "--prometheus-url",
+        metavar="URL",
+        help="Prometheus scraping the EPP and vLLM, to estimate the share of traffic that is traced "
+        + _env_default("prometheus_url"),
     )
 
     demo = sub.add_parser("demo", help="run a simulated P/D fleet with injected faults end to end")

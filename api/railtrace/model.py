@@ -14,6 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 AttrValue = str | bool | int | float | list[Any] | dict[str, Any] | None
+# (request key, trace id, the trace's first arrival in ns or None): a trace holding a key.
+KeyHolder = tuple[str, str, int | None]
 
 
 @dataclass(slots=True)
@@ -70,6 +72,9 @@ class Endpoint:
     pod_ip: str | None = None
     peer: str | None = None
     sidecar_peer: str | None = None
+    # A `k8s.pod.name` the sender claimed for itself with no trusted collector vouching: believed
+    # only where the topology gives that pod the sender's address (`peer`).
+    claimed_pod: str | None = None
 
     def copy(self) -> Endpoint:
         """A shallow copy; positional, several times cheaper than `dataclasses.replace`."""
@@ -87,6 +92,7 @@ class Endpoint:
             self.pod_ip,
             self.peer,
             self.sidecar_peer,
+            self.claimed_pod,
         )
 
 
@@ -180,6 +186,9 @@ class KVSummary:
     duration_s: float | None = None
     devices: list[str] = field(default_factory=list)
     evidence: str | None = None
+    # The P2P source the transfer was judged against instead of the prefill pod (five leg
+    # keys); the summary has the key only when there is one.
+    source: dict[str, str | None] | None = None
 
 
 @dataclass(slots=True)
@@ -231,6 +240,7 @@ class RequestSummary:
                 "duration_s": kv.duration_s,
                 "devices": list(kv.devices),
                 "evidence": kv.evidence,
+                **({} if kv.source is None else {"source": dict(kv.source)}),
             },
             "flags": [{"name": f.name, "evidence": f.evidence, "span_id": f.span_id} for f in self.flags],
             "trace_ids": list(self.trace_ids),
@@ -244,6 +254,9 @@ class RequestSummary:
 
 
 LEG_KEYS = ("pod", "node", "gpu", "nic", "rail")
+# `coverage` key of the P2P KV source a sidecar named ({address, span_id}): set by assembly,
+# read by the verdicts, which judge the KV transfer against it.
+KV_SOURCE = "kv_source"
 UNRESOLVED = "unresolved"
 
 

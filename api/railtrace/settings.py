@@ -11,6 +11,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # More assembly children than this would only queue for the same database.
 MAX_ASSEMBLY_PROCESSES = 32
+# A sender on the service's own host or pod: its collector, or the operator (docs/reliability.md §11).
+LOOPBACK_COLLECTORS = ("127.0.0.0/8", "::1/128")
 
 
 def default_db_url() -> str:
@@ -126,10 +128,11 @@ class Settings(BaseSettings):
         "or gRPC metadata names the real OTLP sender; from anyone else it is ignored.",
     )
     trusted_collectors: list[str] = Field(
-        default_factory=list,
+        default_factory=lambda: list(LOOPBACK_COLLECTORS),
         description="Addresses/CIDRs of OTel collectors whose k8s.pod.name and k8s.pod.ip (their "
         "k8sattributes) are believed. From any other sender those claims count only where they agree "
-        "with its address (the peer, or X-Forwarded-For from a trusted proxy).",
+        "with its address (the peer, or X-Forwarded-For from a trusted proxy). Default: loopback (a "
+        "collector in the service's own pod or host); listing any replaces it.",
     )
     max_connections: int = Field(
         1000,
@@ -175,6 +178,35 @@ class Settings(BaseSettings):
         ge=1,
         description="Most series of one metric family; past it, new label sets count their"
         " sender-chosen values (model, node, NIC) as `other`.",
+    )
+
+    # Traced share (railtrace.server.sampling; docs/deploy.md, "Sampling").
+    prometheus_url: str | None = Field(
+        None,
+        description="Prometheus that scrapes the EPP and vLLM: railtrace compares the requests they"
+        " counted with the requests it assembled over the same window (the traced share); unset:"
+        " the share comes from sampling thresholds in tracestate, or is unknown.",
+    )
+    prometheus_request_counters: list[str] = Field(
+        default_factory=lambda: [
+            "llm_d_epp_request_total",
+            "inference_objective_request_total",
+            "vllm:request_success_total",
+        ],
+        description="Counter selectors of served requests, tried in order; the first with series in"
+        " the window counts the traffic (a selector may carry labels, e.g. decode pods only).",
+    )
+    sampling_window_s: float = Field(
+        300.0, gt=0, description="Window over which the traced share is estimated."
+    )
+    sampling_lag_s: float = Field(
+        60.0,
+        ge=0,
+        description="The window ends this long ago, so that its requests have been assembled"
+        " (keep it above quiet_period_s).",
+    )
+    sampling_refresh_s: float = Field(
+        30.0, gt=0, description="How often the traced share is estimated again from Prometheus."
     )
 
     # Query API reads (railtrace.server.read_gate): bounded so that readers cannot starve ingest.

@@ -349,7 +349,7 @@ def test_a_key_held_by_too_many_traces_stitches_the_first_to_arrive() -> None:
 
     legit = ["a1", "a2", "a3"]
     junk = [f"z{i:02d}" for i in range(MAX_KEY_FANOUT + 1)]
-    pairs = [("k", t) for t in [*legit, *junk]]  # in order of first arrival
+    pairs = [("k", t, n) for n, t in enumerate([*legit, *junk])]  # in order of first arrival
     keys = {"a1": {"k"}}
     (group,) = group_traces({"a1": 0}, keys, pairs)
     assert set(legit) <= group and len(group) == MAX_KEY_FANOUT

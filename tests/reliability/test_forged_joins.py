@@ -21,10 +21,12 @@ from typing import Any
 import httpx
 import pytest
 from opentelemetry import trace
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 import tests.server.release_corpus as corpus
 from railtrace.scheduling.grouping import MAX_KEY_FANOUT
 from railtrace.server.runner import Service
+from tests.reliability.reliability_helpers import post
 from tests.service_helpers import get_request, settings_for, wait_for
 
 ATTACKER = "10.66.6.6"
@@ -166,6 +168,53 @@ def test_junk_traces_past_the_cap_keep_the_stitch_and_kv_verdict(
         assert after["kv_transfer"]["transport"] == "rdma" and sorted(after["trace_ids"]) == sorted(
             before["trace_ids"]
         )
+
+
+def _junk_chain(trace_ids: list[int], first_key: str) -> bytes:
+    """Junk traces linked pairwise by ids (trace i carries chain-i and chain-i+1), the first
+    also carrying `first_key`: one group with the request that holds that key."""
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    rs.resource.attributes.add(key="service.name").value.string_value = "junk"
+    ss = rs.scope_spans.add()
+    for i, tid in enumerate(trace_ids):
+        for j, key in enumerate([f"junk-chain-{i}", f"junk-chain-{i + 1}", first_key][: 3 if i == 0 else 2]):
+            s = ss.spans.add()
+            s.trace_id = tid.to_bytes(16, "big")
+            s.span_id = (i * 10 + j + 1).to_bytes(8, "big")
+            s.name = "junk"
+            s.start_time_unix_nano = corpus.T0 + i * 10**6 + j
+            s.end_time_unix_nano = corpus.T0 + i * 10**6 + j + 500
+            s.attributes.add(key="gen_ai.request.id").value.string_value = key
+    return req.SerializeToString()
+
+
+def test_a_junk_chain_past_the_group_bound_keeps_the_victim_whole(
+    db_url: str, cluster: tuple[Path, Any]
+) -> None:
+    """A chain of junk traces linked to a stitched request by its id, long enough to split the
+    group (`max_group_traces`), trace ids sorting between the victim's own: the victim's traces
+    stay one request with its verdict (before: parts by trace id cut the victim apart)."""
+    folder, fleet = cluster
+    settings = settings_for(
+        db_url, topology=[str(folder)], trusted_proxies=["127.0.0.1/32"], max_group_traces=6
+    )
+    with Service(settings) as svc:
+        ids, before = _victim(svc, fleet, V0_9)  # orphan engine traces: stitched by the ids
+        assert len(before["trace_ids"]) > 1
+        victim = sorted(int(t, 16) for t in before["trace_ids"])
+        junk = [t + d for t in victim for d in (-2, -1, 1, 2)] + [victim[-1] + 3 + i for i in range(12)]
+        with httpx.Client(base_url=svc.http_url, timeout=30) as client:
+            assert post(client, _junk_chain(junk, ids["public"])).status_code == 200
+
+        def split() -> dict[str, Any] | None:
+            body = get_request(svc, ids["traces"][0])
+            rejected = " ".join((body or {}).get("coverage", {}).get("rejected", []))
+            return body if "max_group_traces" in rejected else None
+
+        after = wait_for(split, what="the victim re-assembled in a split group")
+        _same_verdict(before, after)
+        assert after["kv_transfer"]["transport"] == "rdma"
 
 
 # -- Claimed identities: k8s.pod.name and k8s.pod.ip are the sender's word --------------------
@@ -327,3 +376,29 @@ def test_forged_request_without_identity_keeps_the_victims_kv_hop(
         _same_verdict(before, after)
         assert after["kv_transfer"]["path_class"] == before["kv_transfer"]["path_class"] != "unknown"
         assert ids["kv_trace"] not in forged["trace_ids"]
+
+
+@pytest.mark.parametrize("claim", ["pod_name", "pod_ip"])
+def test_forged_request_claiming_a_pod_is_not_placed_on_it(
+    db_url: str, cluster: tuple[Path, Any], claim: str
+) -> None:
+    """A request of the forger's own (fresh ids) whose decode engine claims a real decode pod's
+    `k8s.pod.name` or `k8s.pod.ip` from an address no pod has: its decode leg is not that pod, so
+    the pod's and node's lists and stats never show it, and the claim is in `coverage.rejected`
+    (before: the leg was read from the claimed name whoever sent it)."""
+    folder, fleet = cluster
+    decode = fleet.pods_of("topology-aware", "decode")[0]
+    with Service(_settings(db_url, folder, "emitter")) as svc:
+        resource = {**corpus.vllm_resource("vllm-decode"), **_claims(fleet, claim)}
+        engine = _forger(svc, resource, FORGER, "vllm.tracing.otel")
+        forged = _forged_request(engine, {"epp_id": "forged-epp-1", "public": "forged-public-1"})
+        engine.close()
+        body = _settled(svc, forged, lambda b: True, "the forger's request")
+        assert body["decode"]["pod"] != decode.name, body["decode"]
+        assert body["decode"]["node"] != decode.node.name, body["decode"]
+        if claim == "pod_name":
+            rejected = " ".join(body["coverage"].get("rejected", []))
+            assert f"k8s.pod.name {decode.name} claimed without a trusted collector" in rejected, body
+            assert FORGER in rejected
+        listed = httpx.get(f"{svc.http_url}/api/v1/requests", params={"pod": decode.name}).json()["items"]
+        assert forged not in {item["trace_id"] for item in listed}

@@ -1,7 +1,8 @@
 """A bound on the traces and spans assembled as one stitched request. Traces linked pairwise by
 request ids (trace i carries ids i and i+1) form one group however long the chain; past
-`max_group_traces` / `max_group_spans` the group is assembled in parts of consecutive trace
-ids, each request noting the split in its coverage. On SQLite and PostgreSQL."""
+`max_group_traces` / `max_group_spans` the group is assembled in parts, each request id's
+first traces kept together (earliest id first), each request noting the split in its coverage.
+On SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from railtrace.scheduling.grouping import split_group
+from railtrace.scheduling.grouping import key_blocks, split_group
 from railtrace.server.runner import Service
 from tests.reliability.reliability_helpers import post
 from tests.service_helpers import settings_for, wait_for
@@ -55,6 +56,34 @@ def test_split_is_by_id_order_within_both_bounds() -> None:
         ["t005", "t006", "t007"],
         ["t008", "t009"],
     ]
+
+
+def test_a_request_that_came_first_stays_whole_in_a_split_group() -> None:
+    """A victim's three traces (ids v1..v3) and a chain of 40 junk traces linked to it by the
+    victim's id, their trace ids sorting among the victim's: in id order the victim was cut
+    apart; by request id, earliest first, its traces stay one part."""
+    victim = ["b-victim-1", "m-victim-2", "x-victim-3"]
+    junk = [f"{c}-junk-{i:02d}" for i, c in zip(range(40), "acdfhkn" * 6, strict=False)]
+    group = {*victim, *junk}
+    sizes = dict.fromkeys(group, 4)
+    pairs = [("victim-id", t, 1_000 + n) for n, t in enumerate(victim)]
+    pairs += [("victim-id", junk[0], 2_000)]  # the junk chain's first trace carries the victim's id
+    pairs += [(f"chain-{i}", t, 2_000 + i) for i, t in enumerate(junk)]
+    pairs += [(f"chain-{i + 1}", t, 2_000 + i) for i, t in enumerate(junk)]
+    pairs.sort(key=lambda p: (p[0], p[2]))  # as the store gives them: each key's traces by arrival
+    by_id = split_group(group, sizes, 8, 10_000)
+    assert not any(set(victim) <= set(p) for p in by_id)  # the old way: the victim cut apart
+    parts = split_group(group, sizes, 8, 10_000, key_blocks(group, pairs))
+    assert parts[0][:3] == victim and len(parts[0]) <= 8
+    assert sorted(t for p in parts for t in p) == sorted(group) and all(len(p) <= 8 for p in parts)
+    # Traces arriving later change only the last parts.
+    more = [f"z-junk-{i}" for i in range(5)]
+    grown = group | set(more)
+    pairs2 = pairs + [(f"chain-{40 + i}", t, 9_000 + i) for i, t in enumerate(more)]
+    pairs2 += [("chain-40", junk[-1], 2_039)]
+    pairs2.sort(key=lambda p: (p[0], p[2]))
+    again = split_group(grown, dict.fromkeys(grown, 4), 8, 10_000, key_blocks(grown, pairs2))
+    assert again[: len(parts) - 1] == parts[:-1]
 
 
 @pytest.mark.parametrize(
@@ -119,6 +148,7 @@ def test_a_chain_of_traces_is_assembled_in_bounded_parts(
         notes = [n for n in r["coverage"]["rejected"] if "max_group_traces" in n]  # type: ignore[index]
         assert notes == [
             f"traces linked by request ids formed one group of {CHAIN} traces and {CHAIN * SPANS} spans, "
-            f"assembled in {CHAIN // 8} parts by trace id: at most {settings.max_group_traces} traces and "
-            f"{settings.max_group_spans} spans are one request (max_group_traces, max_group_spans)"
+            f"assembled in {CHAIN // 8} parts, each request id's first traces together: at most "
+            f"{settings.max_group_traces} traces and {settings.max_group_spans} spans are one request "
+            "(max_group_traces, max_group_spans)"
         ]

@@ -37,6 +37,10 @@ class Release:
     prepare: str
     pick_endpoints: bool  # the scheduling subtree (pick_endpoints with endpoint ids), v0.10+
     sidecar_injects: bool  # sidecar's otelhttp transport injects into vLLM (PR #1667, v0.10.0)
+    # The sidecar's own spans' scope: `llm-d-inference-scheduler` <= v0.8.0
+    # (pkg/telemetry/tracing.go `instrumentationName`, seen from the v0.7.1 binary in tests/llmd/),
+    # `llm-d-router/pkg/sidecar/proxy` from v0.9.0 (pkg/sidecar/proxy/constants.go `tracerScope`).
+    sidecar_scope: str = "llm-d-router/pkg/sidecar/proxy"
 
 
 RELEASES = [
@@ -51,6 +55,7 @@ RELEASES = [
         "llm_d.epp.prerequest.disaggregation",
         False,
         False,
+        "llm-d-inference-scheduler",
     ),
     Release(
         "v0.9.0",
@@ -81,6 +86,10 @@ RELEASES = [
     ),
 ]
 RECIPES = ("full", "decode_only")
+# The sidecar's server span, from otelhttp.NewHandler (pkg/sidecar/proxy/proxy_helpers.go, v0.8.0
+# to HEAD): `llm_d.pd_proxy.<METHOD> <path>`, the parent of its root span.
+OTELHTTP_SCOPE = "go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+SIDECAR_SERVER_SPAN = "llm_d.pd_proxy.POST /v1/chat/completions"
 
 
 @dataclass(frozen=True)
@@ -115,9 +124,11 @@ class Process:
         attrs: dict[str, Any],
         parent: Any = None,
         kind: Any = None,
+        scope: str | None = None,
     ) -> Any:
         ctx = trace.set_span_in_context(parent) if parent is not None else None
-        span = self.tracer.start_span(
+        tracer = self.provider.get_tracer(scope) if scope else self.tracer
+        span = tracer.start_span(
             name,
             context=ctx,
             kind=kind or trace.SpanKind.INTERNAL,
@@ -225,7 +236,7 @@ def emit(
     sidecar = Process(
         url,
         shaped({"service.name": "routing-proxy"}, decode),
-        "llm-d-router/pkg/sidecar/proxy",
+        rel.sidecar_scope,
         via(decode),
         grpc=True,
     )
@@ -284,8 +295,17 @@ def emit(
         orch,
     )
     # Envoy forwards the EPP's injected traceparent to the sidecar: its spans join the EPP's trace.
+    server = sidecar.span(
+        SIDECAR_SERVER_SPAN,
+        2,
+        3000,
+        {"http.request.method": "POST", "url.path": "/v1/chat/completions", "http.response.status_code": 200},
+        gateway,
+        trace.SpanKind.SERVER,
+        scope=OTELHTTP_SCOPE,
+    )
     root = sidecar.span(
-        rel.sidecar_root, 2, 3000, {"llm_d.pd_proxy.connector": "nixlv2"}, gateway, trace.SpanKind.SERVER
+        rel.sidecar_root, 2, 3000, {"llm_d.pd_proxy.connector": "nixlv2"}, server, trace.SpanKind.SERVER
     )
     common = {"llm_d.pd_proxy.request_id": sidecar_id, "llm_d.pd_proxy.connector": "nixlv2"}
     pre = sidecar.span(
@@ -305,7 +325,10 @@ def emit(
         pre,  # nixlv2: decode is a child of prefill
     )
     gateway.end(end_time=T0 + 3001 * MS)
-    p_parent, d_parent = (pre, dec) if rel.sidecar_injects else (None, None)
+    # A sidecar that does not inject forwards the headers it received, the EPP's traceparent
+    # included (the nixlv2 connector clones the request): vLLM's spans are the EPP span's
+    # children, not roots of their own (seen from the v0.7.1 binary in tests/llmd/).
+    p_parent, d_parent = (pre, dec) if rel.sidecar_injects else (gateway, gateway)
     p_span = prefill_vllm.span(
         "llm_request", 3, 50, llm_request(1, 1, 0.045, 0.001, 0.047, public), p_parent, trace.SpanKind.SERVER
     )
@@ -331,7 +354,7 @@ def emit(
     )
     ids["kv_trace"] = format(kv.context.trace_id, "032x")
     ids["traces"] = sorted(
-        {format(s.context.trace_id, "032x") for s in (gateway, root, p_span, d_span, kv)},
+        {format(s.context.trace_id, "032x") for s in (gateway, server, root, p_span, d_span, kv)},
         key=lambda t: t != format(gateway.context.trace_id, "032x"),
     )
     for p in processes:
@@ -339,11 +362,153 @@ def emit(
     return ids
 
 
-def live_cluster(folder: Path) -> Fleet:
-    """A topology-aware a3-ultra fleet written to `folder` as the live cluster's objects only
-    (Nodes, Pods, ResourceSlices, ResourceClaims): no railtrace topology file beside them."""
-    fleet = build_fleet("a3-ultra", resolve(["topology-aware"]), seed=7)
+def live_cluster(folder: Path, scenarios: tuple[str, ...] = ("topology-aware",)) -> Fleet:
+    """An a3-ultra fleet (the topology-aware scenario's pods by default) written to `folder` as
+    the live cluster's objects only (Nodes, Pods, ResourceSlices, ResourceClaims): no railtrace
+    topology file beside them."""
+    fleet = build_fleet("a3-ultra", resolve(list(scenarios)), seed=7)
     for path in fleet.write(folder):
         if path.name == "railtrace-topology.yaml":
             path.unlink()
     return fleet
+
+
+def emit_p2p(
+    url: Endpoints,
+    decode: Pod,
+    source: Pod,
+    *,
+    speculative: bool = False,
+    vllm_service: str = "vllm-decode",
+) -> dict[str, Any]:
+    """One request of router HEAD with a P2P KV source and no prefill target: decode pulls the
+    cached prefix from `source`; returns its ids.
+
+    Shapes (llm-d-router, read at the commits docs/normalisation.md "P2P KV sources" cites):
+    the sidecar's otelhttp server span `llm_d.pd_proxy.<METHOD> <path>` (proxy_helpers.go),
+    under it the SERVER span `forward_request` with `llm_d.pd_proxy.kv_cache_source` and
+    `disaggregation_used=false` (dispatch.go), whose otelhttp transport (proxy.go
+    `newProxyTransport`) carries the context into the decode engine's `llm_request`
+    (`decodeWithP2PSource`, connector_p2p.go). The KV shim's span on the decode worker names
+    the source as its peer. `speculative`: after the response, the sidecar's detached warm-up
+    (speculative_prefill.go `sendToDecoder`, no prefill target) sends a single-token request
+    to the decoder through the same transport: one more `llm_request`, after decode.
+    `vllm_service`: the engine's `service.name`; a name without the role leaves the legs to
+    the request's shape."""
+    epp_id = str(uuid.uuid4())
+    public = f"chatcmpl-{epp_id}"
+    engine_id = f"{public}-5c1e0a77"
+    ids: dict[str, Any] = {"epp_id": epp_id, "public": public, "engine": engine_id}
+    epp = Process(
+        url,
+        {"service.name": "llm-d-router/epp", "k8s.namespace.name": "llm-d"},
+        "llm-d-router/pkg/epp/handlers",
+        None,
+        grpc=True,
+    )
+    sidecar = Process(
+        url, {"service.name": "routing-proxy"}, "llm-d-router/pkg/sidecar/proxy", decode.ip, True
+    )
+    otelhttp = Process(
+        url,
+        {"service.name": "routing-proxy"},
+        "go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp",
+        decode.ip,
+        True,
+    )
+    engine = Process(url, vllm_resource(vllm_service), "vllm.tracing.otel", decode.ip)
+    worker = Process(
+        url,
+        {**vllm_resource(vllm_service), "vllm.process_kind": "worker", "vllm.process_name": "Worker_0"},
+        "railtrace.kv_transfer",
+        decode.ip,
+    )
+    rid = {"gen_ai.request.id": epp_id}
+    gateway = epp.tracer.start_span("gateway.request", kind=trace.SpanKind.SERVER, start_time=T0)
+    orch = epp.span("gateway.request_orchestration", 0.1, 0.4, rid, gateway, trace.SpanKind.SERVER)
+    profile = epp.span(
+        "run_scheduler_profile", 0.13, 0.2, {"llm_d.epp.scheduling.profile.name": "decode"}, orch
+    )
+    epp.span(
+        "pick_endpoints",
+        0.15,
+        0.19,
+        {
+            **rid,
+            "llm_d.epp.picker.top_endpoints": [f"llm-d/{decode.name}-rank-0"],
+            "llm_d.epp.picker.top_scores": [1.0],
+        },
+        profile,
+    )
+    inbound = otelhttp.span(
+        "llm_d.pd_proxy.POST /v1/chat/completions", 2, 3000, {}, gateway, trace.SpanKind.SERVER
+    )
+    forward = sidecar.span(
+        "forward_request",
+        2,
+        2999,
+        {
+            "llm_d.pd_proxy.connector": "nixlv2",
+            "llm_d.pd_proxy.kv_connector": "nixlv2",
+            "llm_d.pd_proxy.request_path": "/v1/chat/completions",
+            "llm_d.pd_proxy.disaggregation_used": False,
+            "llm_d.pd_proxy.reason": "no_prefill_header",
+            "llm_d.pd_proxy.kv_cache_source": f"{source.ip}:8000",
+        },
+        inbound,
+        trace.SpanKind.SERVER,
+    )
+    client = otelhttp.span(
+        "HTTP POST",
+        3,
+        2998,
+        {"server.address": "localhost", "server.port": 8200},
+        forward,
+        trace.SpanKind.CLIENT,
+    )
+    engine.span(
+        "llm_request",
+        4,
+        2997,
+        llm_request(512, 200, 0.343, 0.322, 2.946, public),
+        client,
+        trace.SpanKind.SERVER,
+    )
+    kv = worker.span(
+        "llm_d.kv_transfer",
+        10,
+        300,
+        {
+            "llm_d.kv_transfer.request_id": engine_id,
+            "llm_d.kv_transfer.transport": "rdma",
+            "llm_d.kv_transfer.operation": "read",
+            "llm_d.kv_transfer.bytes": 268_435_456,
+            "llm_d.kv_transfer.remote.host": source.ip,
+        },
+    )
+    gateway.end(end_time=T0 + 3001 * MS)
+    if speculative:
+        warm = otelhttp.span(
+            "HTTP POST",
+            3002,
+            3060,
+            {"server.address": "localhost", "server.port": 8200},
+            inbound,
+            trace.SpanKind.CLIENT,
+        )
+        span = engine.span(
+            "llm_request",
+            3003,
+            3058,
+            llm_request(1, 1, 0.05, 0.002, 0.054, f"chatcmpl-{uuid.uuid4()}"),
+            warm,
+            trace.SpanKind.SERVER,
+        )
+        ids["warmup_span"] = format(span.context.span_id, "016x")
+    ids["traces"] = sorted(
+        {format(s.context.trace_id, "032x") for s in (gateway, kv)},
+        key=lambda t: t != format(gateway.context.trace_id, "032x"),
+    )
+    for p in (epp, sidecar, otelhttp, engine, worker):
+        p.close()
+    return ids

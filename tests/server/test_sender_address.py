@@ -73,6 +73,17 @@ def test_trusted_collectors_from_the_command_line_and_checked() -> None:
         Settings(trusted_collectors=["collector.local"])
 
 
+def test_loopback_is_a_trusted_collector_unless_the_list_is_given() -> None:
+    """A collector in the service's own pod or host vouches by default; a given list replaces that."""
+    default = trusted_networks(Settings().trusted_collectors)
+    assert sender_of("127.0.0.1", [], (), default) == Sender(None, "collector")
+    assert sender_of("::1", [], (), default) == Sender(None, "collector")
+    assert sender_of("10.0.0.9", [], (), default) == Sender("10.0.0.9", "sender")
+    given = trusted_networks(Settings(trusted_collectors=["10.8.0.0/24"]).trusted_collectors)
+    assert sender_of("127.0.0.1", [], (), given) == Sender(None, "sender")
+    assert Settings(trusted_collectors=[]).trusted_collectors == []
+
+
 def test_grpc_peer_forms() -> None:
     assert grpc_peer_host("ipv4:10.0.1.5:51234") == "10.0.1.5"
     assert grpc_peer_host("ipv6:[fd00::1]:51234") == "fd00::1"

@@ -21,19 +21,33 @@ from typing import Any
 import numpy as np
 
 
+def call_as(module_name: str, func: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call `func` as if its code lived in module `module_name`. The KV shim tells which code
+    creates a NIXL agent by the creating frame's module (vLLM's KV connector, its EC connector,
+    EPLB, ...), so a stand-in for vLLM's code that cannot run here (no GPU) is named like it."""
+    import types
+
+    glb = dict(func.__globals__)
+    glb["__name__"] = module_name
+    clone = types.FunctionType(func.__code__, glb, func.__name__, func.__defaults__, func.__closure__)
+    return clone(*args, **kwargs)
+
+
 def _cfg(nixl_api: Any) -> Any:
     return nixl_api.nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False, backends=["UCX"])
 
 
 def open_initiator(
-    name: str, buf: np.ndarray, cwd: str | None = None
+    name: str, buf: np.ndarray, cwd: str | None = None, nixl_module: str = "nixl_cu12._api"
 ) -> tuple[subprocess.Popen[str], Any, str, int]:
     """Spawn the target process, create this process's agent on `buf` and exchange metadata.
 
     Returns (target process, agent, peer agent name, target buffer address). Instrument NIXL
-    before calling: the agent is created here.
+    before calling: the agent is created here, with `nixl_agent` of `nixl_module`.
     """
-    from nixl_cu12 import _api
+    import importlib
+
+    _api = importlib.import_module(nixl_module)
 
     size = buf.nbytes
     target = subprocess.Popen(

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.shims.nixl_loopback import open_initiator
+from tests.shims.nixl_loopback import call_as, open_initiator
 
 BLOCK = 64 * 1024
 LAYOUT = os.environ.get("RT_VLLM_LAYOUT", "flat")  # flat | nested: the two ReqMeta shapes of vLLM
@@ -190,7 +190,11 @@ def main() -> int:
 
     size = BLOCK * NBLOCKS
     buf = np.zeros(size, dtype=np.uint8)
-    target, agent, remote_name, remote_addr = open_initiator("decode-engine-0", buf)
+    # The agent is created where vLLM creates it: the connector module (0.11-0.19), the
+    # package's base worker (0.24 on; the pull and push workers derive from it).
+    v1 = "vllm.distributed.kv_transfer.kv_connector.v1"
+    creator = f"{v1}.nixl_connector" if LAYOUT == "flat" else f"{v1}.nixl.base_worker"
+    target, agent, remote_name, remote_addr = call_as(creator, open_initiator, "decode-engine-0", buf)
 
     tracer = provider.get_tracer("vllm-stand-in")
     with tracer.start_as_current_span("llm_request") as req_span:  # vLLM's request context

@@ -90,3 +90,19 @@ def test_epp_endpoint_ids_namespace_slash_pod() -> None:
     t = b.build()
     assert resolve_address(t, "b/d0")[0].node == "m"
     assert resolve_address(t, "d0")[0] is None  # two namespaces: not guessed
+
+
+def test_a_pod_name_the_sender_claims_counts_only_from_that_pods_address() -> None:
+    """`claimed_pod` (a sender's own `k8s.pod.name`, no trusted collector): believed where the
+    topology gives that pod the sender's address; otherwise it places nothing and says why."""
+    t = load_paths([FLEET])
+    ep, notes = resolve_endpoint(t, Endpoint(claimed_pod="decode-b", peer="10.0.0.2"))
+    assert (ep.pod, ep.identity) == ("decode-b", "k8s_resource"), notes
+    ep, notes = resolve_endpoint(t, Endpoint(claimed_pod="decode-b", peer="10.99.99.99"))
+    assert ep.pod is None and ep.node is None, ep
+    assert any("k8s.pod.name decode-b claimed without a trusted collector" in n for n in notes), notes
+    # The sender's own address still places it: another pod's, whatever the claim.
+    ep, notes = resolve_endpoint(t, Endpoint(claimed_pod="decode-b", peer="10.0.0.4"))
+    assert (ep.pod, ep.identity) == ("decode-b1", "otlp_peer"), notes
+    ep, notes = resolve_endpoint(t, Endpoint(claimed_pod="decode-b", peer=None))
+    assert ep.pod is None and any("no sender address" in n for n in notes), notes

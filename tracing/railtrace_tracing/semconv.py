@@ -76,6 +76,7 @@ class Role(StrEnum):
     PREFILL = "prefill"
     DECODE = "decode"
     KV_TRANSFER = "kv_transfer"
+    EC_TRANSFER = "ec_transfer"  # encoder-cache transfer (E/P/D): never a request, never a KV verdict
     KV_CACHE = "kv_cache"
     OTHER = "other"
 
@@ -212,6 +213,11 @@ def _attr(key: str, type_: str, description: str, **kw: object) -> str:
 
 # -- railtrace's KV-transfer span (PRODUCT.md contract) ----------------------------------
 SPAN_KV_TRANSFER = "llm_d.kv_transfer"
+# An encoder-cache transfer of encode/prefill/decode disaggregation (vLLM's EC connector over
+# NIXL): its own span name, so that a service that does not know it leaves it unclassified
+# instead of judging it as a KV transfer. It carries the KV span's `llm_d.kv_transfer.*`
+# transport and peer attributes (the same topology facts, encode pod -> prefill pod).
+SPAN_EC_TRANSFER = "llm_d.ec_transfer"
 
 KV_REQUEST_ID = _attr("llm_d.kv_transfer.request_id", "string", "Request id the transfer serves.")
 KV_OPERATION = _attr("llm_d.kv_transfer.operation", "string", "NIXL operation.", allowed=("read", "write"))
@@ -398,6 +404,13 @@ PD_REQUEST_PATH = _attr("llm_d.pd_proxy.request_path", "string", "Proxied reques
 PD_DISAGG_USED = _attr(
     "llm_d.pd_proxy.disaggregation_used", "boolean", "Whether the proxy ran P/D.", origin="llm-d"
 )
+PD_KV_CACHE_SOURCE = _attr(
+    "llm_d.pd_proxy.kv_cache_source",
+    "string",
+    "host:port of the pod the KV cache is pulled from over the P2P connector "
+    "(`x-kv-cache-source-host-port`).",
+    origin="llm-d",
+)
 
 # -- vLLM llm_request --------------------------------------------------------------------
 VLLM_TTFT = _attr("gen_ai.latency.time_to_first_token", "double", "Engine TTFT.", origin="vllm", unit="s")
@@ -564,7 +577,11 @@ SPAN_V08_PREREQUEST_DISAGG = "llm_d.epp.prerequest.disaggregation"
 SPAN_V08_PREFIX_SCORER = "llm_d.epp.scorer.prefix_cache"
 
 SPAN_NAMES: dict[str, str] = {
-    SPAN_KV_TRANSFER: "One KV-cache transfer (railtrace shim).",
+    SPAN_KV_TRANSFER: "One KV-cache transfer of vLLM's NIXL KV connector (railtrace shim).",
+    SPAN_EC_TRANSFER: (
+        "One encoder-cache transfer of vLLM's EC connector, encode pod to prefill pod (railtrace shim); "
+        "carries the `llm_d.kv_transfer.*` transport and peer attributes; never a request of its own."
+    ),
     SPAN_GATEWAY_REQUEST: "Gateway server span (llm-d EPP name; railtrace ASGI shim).",
     SPAN_RUN_SCHEDULER_PROFILE: "One scheduling profile run (llm-d EPP; router shim).",
     SPAN_PICK_ENDPOINTS: "Endpoint pick with candidates (llm-d EPP; router shim adds the full list).",
@@ -734,6 +751,16 @@ M_ASSEMBLY_FAILURES = _metric(
     ("stage", "error"),
 )
 
+M_TRACED_SHARE = _metric(
+    "llm_d_tracing_traced_share",
+    "gauge",
+    "Estimated share of the served requests that railtrace received traces of, over the last"
+    " `sampling_window_s`, by how it was estimated (`prometheus`: requests assembled / requests the"
+    " EPP or vLLM counted; `tracestate`: from the samplers' `ot=th:` thresholds). NaN: unknown. Below"
+    " 1, counts are of the traced requests only.",
+    ("source",),
+)
+
 
 class AssemblyStage(StrEnum):
     """Where an assembly failure happened (`stage` of M_ASSEMBLY_FAILURES)."""
@@ -777,6 +804,15 @@ EXTERNAL_METRICS: dict[str, str] = {
     "vllm:nixl_xfer_time_seconds": "vLLM NixlConnector: transfer time per rank-level transfer.",
     "vllm:nixl_bytes_transferred": "vLLM NixlConnector: bytes per rank-level transfer.",
     "vllm:nixl_num_failed_transfers": "vLLM NixlConnector: failed transfers.",
+    # vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py, vLLM 0.34.0 l.266 and l.276
+    # (the first since 0.19.1 at least, in 0.21.0 l.231): counters, exposed with `_total`.
+    "vllm:nixl_num_kv_expired_reqs": (
+        "vLLM NixlConnector (prefill side): requests whose KV lease expired before decode read it."
+    ),
+    "vllm:nixl_num_notifications_after_expiry": (
+        "vLLM NixlConnector: completion notifications for requests no longer tracked (KV blocks "
+        "possibly reused before the transfer finished); in vLLM 0.34.0, not in 0.24.0."
+    ),
 }
 
 

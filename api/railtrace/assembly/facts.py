@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from railtrace.assembly.joins import JoinNotes
-from railtrace.model import Candidate, Endpoint, Flag, KVFacts, RequestFacts, RouterPick, Span
+from railtrace.model import KV_SOURCE, Candidate, Endpoint, Flag, KVFacts, RequestFacts, RouterPick, Span
 from railtrace.normalize import engine_leg_hint, normalize_request_id, span_request_keys
 from railtrace.normalize import table as ntable
 from railtrace_tracing import semconv
@@ -158,6 +158,52 @@ def _engine_leg(span: Span, trees: _Trees) -> tuple[str | None, str]:
     return engine_leg_hint(span)
 
 
+def _warmups(
+    legs: list[tuple[Span, str | None, str]], trees: _Trees, sidecar: Sequence[Span]
+) -> list[tuple[Span, str]]:
+    """The engine spans that are the sidecar's speculative warm-up prefill, with the evidence.
+
+    With `x-speculative-prefill` the sidecar, once the client's response has been written,
+    sends a `max_tokens=1` request of the next turn's prefix to the prefill pod (or, without
+    P/D, to the decoder) from a detached goroutine (llm-d-router
+    pkg/sidecar/proxy/speculative_prefill.go, `speculativePrefillMiddleware`,
+    `triggerSpeculativePrefill`): one more single-token `llm_request` in the trace, after
+    decode. It is no leg of the request. Proof, best first: its parent chain reaches a sidecar
+    span that began after the sidecar's own request or decode leg had ended (one process's
+    clock); else, not under a sidecar leg, it starts after the decode engine's span ended (two
+    processes; a real prefill starts before decode does, by the whole of decode). A span the
+    decode service sent is taken only with `max_tokens=1`: a later decode retry is not one."""
+    decode = next(
+        (s for s, leg, basis in legs if leg == ROLE.DECODE and basis.startswith("parent chain")), None
+    ) or next((s for s, leg, _ in legs if leg == ROLE.DECODE), None)
+    found: list[tuple[Span, str]] = []
+    for span, leg, basis in legs:
+        if span is decode or basis.startswith("parent chain"):
+            continue
+        if leg == ROLE.DECODE and _int(span.attributes.get(semconv.GEN_AI_MAX_TOKENS)) != 1:
+            continue
+        chain = list(trees.ancestors(span))
+        proof = ""
+        for ancestor in chain:
+            ended = [
+                s
+                for s in sidecar
+                if s.service_name == ancestor.service_name
+                and s.trace_id == ancestor.trace_id
+                and s.end_ns <= ancestor.start_ns
+                and all(s is not a for a in chain)
+            ]
+            if ended:
+                last = max(ended, key=lambda s: s.end_ns)
+                proof = f"its parent {_ref(ancestor)} began after sidecar {_ref(last)} ended (one process)"
+                break
+        if not proof and decode is not None and span.start_ns >= decode.end_ns:
+            proof = f"it starts after decode {_ref(decode)} ended"
+        if proof:
+            found.append((span, proof))
+    return found
+
+
 class _Request:
     def __init__(self, spans: Sequence[Span]) -> None:
         self.spans = sorted(spans, key=lambda s: (s.start_ns, s.trace_id, s.span_id))
@@ -178,15 +224,21 @@ class _Request:
         self.kv_spans = [s for s in self.spans if s.role == ROLE.KV_TRANSFER]
         self.engine: dict[str, Span] = {}
         self.engine_basis: dict[str, str] = {}
-        self._assign_engines(named.get(semconv.SPAN_VLLM_REQUEST, []))
         self.sidecar_spans = [*self.servers, *self.forwards, *self.sc_prefill, *self.sc_decode]
+        # Speculative warm-up prefills (`x-speculative-prefill`): never a leg of the request.
+        self.warmups: list[tuple[Span, str]] = []
+        self._assign_engines(named.get(semconv.SPAN_VLLM_REQUEST, []))
         self._attr_order = [*self.sc_decode, *self.sc_prefill, *self.forwards, *self.servers]
 
     # -- legs --------------------------------------------------------------------------
     def _assign_engines(self, engines: list[Span]) -> None:
+        legs = [(span, *_engine_leg(span, self.trees)) for span in engines]
+        self.warmups = _warmups(legs, self.trees, self.sidecar_spans)
+        warm = {id(span) for span, _ in self.warmups}
         unknown: list[Span] = []
-        for span in engines:
-            leg, basis = _engine_leg(span, self.trees)
+        for span, leg, basis in legs:
+            if id(span) in warm:
+                continue
             if leg is not None and leg in (ROLE.PREFILL, ROLE.DECODE):
                 span.role = leg  # the parent chain may know better than the span alone
                 if leg not in self.engine:
@@ -564,11 +616,11 @@ def _endpoint(req: _Request, leg: str, picks: list[RouterPick]) -> Endpoint:
     engine = req.engine.get(leg)
     if engine is not None:
         resource = engine.resource if isinstance(engine.resource, dict) else {}
-        endpoint.pod = _str(resource.get(semconv.RES_POD))
-        endpoint.node = _str(resource.get(semconv.RES_NODE))
-        endpoint.host = _str(resource.get(semconv.RES_HOST))
-        endpoint.pod_ip = _str(resource.get(semconv.RES_POD_IP))
-        endpoint.peer = _str(resource.get(semconv.RES_OTLP_PEER))
+        pod, pod_ip, claimed_pod, peer, vouched = _claimed_identity(resource)
+        endpoint.pod, endpoint.pod_ip, endpoint.claimed_pod, endpoint.peer = pod, pod_ip, claimed_pod, peer
+        if vouched:  # a sender's own node and host names are claims like its pod's: not read
+            endpoint.node = _str(resource.get(semconv.RES_NODE))
+            endpoint.host = _str(resource.get(semconv.RES_HOST))
         endpoint.service = engine.service_name or None
         endpoint.span_id = engine.span_id
         if endpoint.pod:
@@ -587,14 +639,42 @@ def _endpoint(req: _Request, leg: str, picks: list[RouterPick]) -> Endpoint:
         # and its sender address are the decode pod's.
         for span in req.sidecar_spans:
             resource = span.resource if isinstance(span.resource, dict) else {}
-            if endpoint.pod is None and _str(resource.get(semconv.RES_POD)):
-                endpoint.pod, endpoint.identity = _str(resource.get(semconv.RES_POD)), IDENTITY.SIDECAR_POD
-            endpoint.sidecar_peer = (
-                endpoint.sidecar_peer
-                or _str(resource.get(semconv.RES_POD_IP))
-                or _str(resource.get(semconv.RES_OTLP_PEER))
-            )
+            pod, pod_ip, _claimed, peer, _vouched = _claimed_identity(resource)
+            if endpoint.pod is None and pod:
+                endpoint.pod, endpoint.identity = pod, IDENTITY.SIDECAR_POD
+            endpoint.sidecar_peer = endpoint.sidecar_peer or pod_ip or peer
     return endpoint
+
+
+def _claimed_identity(
+    resource: dict[str, Any],
+) -> tuple[str | None, str | None, str | None, str | None, bool]:
+    """(pod name, pod IP, claimed pod name, sender address, vouched) of a resource as far as they are
+    believed (docs/reliability.md section 11): a trusted collector's `k8s.pod.name` and
+    `k8s.pod.ip`, or -- when the sender vouches for itself (`railtrace.otlp.claims=sender`) --
+    its `k8s.pod.ip` only where it is the sender's address, and its `k8s.pod.name` only as a
+    claim that identity resolution checks against the topology (the third value); `vouched`
+    is False then, and its node and host names are not read either. Resources without the
+    stamp (not received by the service's receivers) are read as they are."""
+    pod = _str(resource.get(semconv.RES_POD))
+    pod_ip = _str(resource.get(semconv.RES_POD_IP))
+    peer = _str(resource.get(semconv.RES_OTLP_PEER))
+    if resource.get(semconv.RES_OTLP_CLAIMS) == semconv.CLAIMS_SENDER:
+        return None, (pod_ip if pod_ip == peer else None), pod, peer, False
+    return pod, pod_ip, None, peer, True
+
+
+def _kv_source(req: _Request) -> dict[str, str] | None:
+    """The pod the sidecar had the KV cache pulled from, as `coverage.kv_source` ({address,
+    span_id}): `llm_d.pd_proxy.kv_cache_source`, set on its `forward_request` span from
+    `x-kv-cache-source-host-port` once the connector can pull P2P and the value is an allowed
+    host:port (llm-d-router pkg/sidecar/proxy/dispatch.go; docs/normalisation.md, "P2P KV
+    sources"). The verdicts judge the transfer against it (`verdicts.judge`)."""
+    raw, span = req.sidecar_attr(semconv.PD_KV_CACHE_SOURCE)
+    address = _str(raw)
+    if address is None or span is None or not address.strip():
+        return None
+    return {"address": address.strip()[:256], "span_id": span.span_id}
 
 
 def _join_evidence(req: _Request, primary: str) -> tuple[str, str | None] | None:
@@ -744,6 +824,15 @@ def build(spans: Sequence[Span], notes: JoinNotes | None = None) -> RequestFacts
             coverage["unverified"] = list(notes.unverified)
         if notes.dropped:
             coverage["notes_dropped"] = notes.dropped
+    source = _kv_source(req)
+    if source is not None:
+        coverage[KV_SOURCE] = source
+    if req.warmups:
+        coverage["speculative_prefill"] = [
+            f"{_ref(span)} ({span.service_name}) is a speculative warm-up prefill, not this "
+            f"request's prefill: {proof}"
+            for span, proof in req.warmups
+        ]
     missing = _missing_hops(req)
     for note, span_id in missing:
         evidence.append(note)

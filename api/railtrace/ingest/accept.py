@@ -10,6 +10,7 @@ status codes, so the two cannot drift apart in what they accept or how they coun
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -59,6 +60,7 @@ class ExportAcceptor:
         max_pending_spans: int,
         max_spans_per_trace: int,
         parse_inline_max_bytes: int,
+        observe: Callable[[bytes, RowBatch], None] | None = None,
     ) -> None:
         self.writer = writer
         self.content = content
@@ -66,6 +68,7 @@ class ExportAcceptor:
         self.max_pending_spans = max_pending_spans
         self.max_spans_per_trace = max_spans_per_trace
         self.parse_inline_max_bytes = parse_inline_max_bytes
+        self.observe = observe
 
     def behind(self, transport: str) -> Accepted | None:
         """`BEHIND` (and counted) while the writer holds too many spans: checked before a body is
@@ -77,8 +80,13 @@ class ExportAcceptor:
 
     def rows(self, raw: bytes, media: str, sender: str | None, claims: str | None = None) -> RowBatch:
         """The call's rows (raises `PayloadError`). `sender` and `claims`: who sent it and who
-        vouches for its `k8s.*` claims (`railtrace.server.senders.Sender`), kept on each resource."""
-        return export_rows(self.content, raw, media, sender, claims)
+        vouches for its `k8s.*` claims (`railtrace.server.senders.Sender`), kept on each resource.
+        `observe` (the traced-share estimate, `railtrace.server.sampling`) sees the call's bytes
+        and rows."""
+        batch = export_rows(self.content, raw, media, sender, claims)
+        if self.observe is not None:
+            self.observe(raw, batch)
+        return batch
 
     async def rows_of(
         self, transport: str, raw: bytes, media: str, sender: str | None, claims: str | None = None

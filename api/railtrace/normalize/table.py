@@ -119,6 +119,14 @@ RULES: tuple[Rule, ...] = (
     Rule(semconv.SPAN_VLLM_REQUEST, None, ROLE.DECODE, VLLM, "vllm", "leg decided per span, see below"),
     # -- railtrace shims ----------------------------------------------------------------------
     Rule(semconv.SPAN_KV_TRANSFER, None, ROLE.KV_TRANSFER, RAILTRACE, "railtrace", "KV-transfer shim"),
+    Rule(
+        semconv.SPAN_EC_TRANSFER,
+        None,
+        ROLE.EC_TRANSFER,
+        RAILTRACE,
+        "railtrace",
+        "encoder-cache transfer (E/P/D); never a request, never a KV verdict",
+    ),
     # -- Patterns ------------------------------------------------------------------------------
     Rule(
         r"llm_d\.epp\.scorer\.[A-Za-z0-9]+(?:-[A-Za-z0-9]+)+",

@@ -23,7 +23,14 @@ from typing import Any
 from railtrace.metrics import Metrics
 from railtrace.model import RequestFacts, RequestSummary, Span
 from railtrace.scheduling.failures import AssemblyFailures
-from railtrace.scheduling.grouping import excess_notes, group_traces, split_group, split_note
+from railtrace.scheduling.grouping import (
+    excess_notes,
+    fits,
+    group_traces,
+    key_blocks,
+    split_group,
+    split_note,
+)
 from railtrace.settings import Settings
 from railtrace.store import AssembledGroup, Store
 from railtrace_tracing import semconv
@@ -328,7 +335,10 @@ class Assembler:
             for _ in loader.load(g - loader.counts.keys()):
                 pass
             sizes = {t: loader.counts.get(t, 0) for t in g}
-            parts = split_group(g, sizes, max_traces, max_spans)
+            if fits(g, sizes, max_traces, max_spans):
+                parts = [sorted(g)]
+            else:  # each request id's traces together, earliest first
+                parts = split_group(g, sizes, max_traces, max_spans, key_blocks(g, pairs))
             note = None
             if len(parts) > 1:
                 note = split_note(len(g), sum(sizes.values()), len(parts), max_traces, max_spans)

@@ -169,6 +169,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         ("cors_origin", "cors_origins"),
         ("trusted_proxy", "trusted_proxies"),
         ("trusted_collector", "trusted_collectors"),
+        ("prometheus_url", "prometheus_url"),
     ):
         value = getattr(args, arg, None)
         if value is not None:

@@ -20,6 +20,7 @@ from railtrace.otlp.content import content_filter
 from railtrace.query.budget import QueryGate
 from railtrace.scheduling.assembler import Assembler, Pipeline, default_pipeline
 from railtrace.scheduling.workers import AssemblyWorkers, assembly_process_count
+from railtrace.server.sampling import SamplingEstimator
 from railtrace.server.senders import trusted_networks
 from railtrace.settings import Settings
 from railtrace.store import InsertResult, Store, make_engine, migrate
@@ -52,6 +53,9 @@ class Runtime:
             on_depth=self.metrics[semconv.M_INGEST_QUEUE].set,
             retry_max_s=settings.write_retry_max_s,
         )
+        # The traced share (docs/deploy.md, "Sampling"): thresholds read at ingest, Prometheus
+        # asked by a thread of its own.
+        self.sampling = SamplingEstimator(settings, self.count_assembled, self.metrics)
         self.exports = ExportAcceptor(
             self.writer,
             self.content_filter,
@@ -59,6 +63,7 @@ class Runtime:
             max_pending_spans=settings.max_pending_spans,
             max_spans_per_trace=settings.max_spans_per_trace,
             parse_inline_max_bytes=settings.parse_inline_max_bytes,
+            observe=self.sampling.observe,
         )
         # Searches and trace reads: their turns, budgets and stop (railtrace.query.budget).
         self.queries = QueryGate(settings.query_concurrency, settings.query_timeout_s)
@@ -128,6 +133,10 @@ class Runtime:
         if result.dropped:
             self.metrics[semconv.M_TRACE_SPAN_LIMIT_DROPPED].inc(result.dropped)
             self.metrics[semconv.M_SPANS_REJECTED].labels(semconv.REJECT_TRACE_SPAN_LIMIT).inc(result.dropped)
+
+    def count_assembled(self, since_ns: int, until_ns: int) -> int:
+        """Requests assembled that started in [since, until): the traced side of the share."""
+        return sum(int(g["requests"]) for g in self.store.stats("coverage", since_ns, until_ns))
 
     def _load_topology(self) -> None:
         try:
@@ -203,12 +212,14 @@ class Runtime:
                 busy=lambda: self.writer.pending > 0,
             )
             self.assembler.start()
+        self.sampling.start()
         self.started = True
         return self
 
     def stop(self) -> None:
         """Commit what is queued, stop the loops, release the database."""
         self.queries.close()
+        self.sampling.stop()
         if self._live_topology is not None:
             self._live_topology.stop()
         if self.assembler:

@@ -18,6 +18,7 @@ from sqlalchemy import (
     union_all,
 )
 
+from railtrace.model import KeyHolder
 from railtrace.store.connection import Job
 from railtrace.store.engine import is_sqlite
 from railtrace.store.schema import (
@@ -142,15 +143,16 @@ class Leases(Job):
             rows = conn.execute(self._q.trace_states, {"ids": listed(ids, self.sqlite)}).all()
         return {r[0]: DirtyTrace(r[0], r[1], r[2], r[3] is not None, bool(r[4])) for r in rows}
 
-    def traces_for_keys(self, keys: Iterable[str]) -> list[tuple[str, str]]:
-        """(request key, trace id) for every trace holding one of these keys (stitching), each
-        key's traces in the order they first arrived."""
+    def traces_for_keys(self, keys: Iterable[str]) -> list[KeyHolder]:
+        """(request key, trace id, first arrival) for every trace holding one of these keys
+        (stitching), each key's traces in the order they first arrived."""
         ks = sorted({k for k in keys if k})
         if not ks:
             return []
         with self._read() as conn:
             return [
-                (r[0], r[1]) for r in conn.execute(self._q.traces_for_keys, {"ids": listed(ks, self.sqlite)})
+                (r[0], r[1], r[2])
+                for r in conn.execute(self._q.traces_for_keys, {"ids": listed(ks, self.sqlite)})
             ]
 
 

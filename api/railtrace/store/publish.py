@@ -232,7 +232,9 @@ def _request_row(s: RequestSummary, now_ns: int, flag_names: list[str]) -> dict[
         "kv_duration_s": _float(kv.duration_s) if kv else None,
         "kv_bytes": kv.bytes if kv else None,
         "prefill_pod": _text(s.prefill.get("pod")),
-        "prefill_node": _text(s.prefill.get("node")),
+        # The stats' pair is the two ends the KV cache travelled between: a P2P source
+        # (`kv_transfer.source`) stands in for the prefill pod (docs/api.md, stats).
+        "prefill_node": _text((kv.source if kv and kv.source else s.prefill).get("node")),
         "decode_pod": _text(s.decode.get("pod")),
         "decode_node": _text(s.decode.get("node")),
         "pairing_level": _text(s.pairing_level),

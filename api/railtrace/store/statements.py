@@ -333,7 +333,7 @@ class _Statements:
         # In order of first arrival: a key held by more traces than one request has is
         # stitched through the traces that came first (railtrace.scheduling.grouping.group_traces).
         self.traces_for_keys = (
-            select(tk.request_key, tk.trace_id)
+            select(tk.request_key, tk.trace_id, t.first_arrival_ns)
             .select_from(trace_keys.outerjoin(traces, t.trace_id == tk.trace_id))
             .where(ids(tk.request_key))
             .order_by(tk.request_key, t.first_arrival_ns, tk.trace_id)

@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from railtrace.model import RequestSummary, Span
+from railtrace.model import KeyHolder, RequestSummary, Span
 from railtrace.otlp.rows import RowBatch
 from railtrace.store.connection import StoreContext
 from railtrace.store.leases import DirtyTrace, Leases
@@ -100,8 +100,8 @@ class Store:
         """`Leases.trace_states`: arrival state of these traces (unknown ids are absent)."""
         return self._leases.trace_states(trace_ids)
 
-    def traces_for_keys(self, keys: Iterable[str]) -> list[tuple[str, str]]:
-        """`Leases.traces_for_keys`: (request key, trace id) of the traces holding these keys."""
+    def traces_for_keys(self, keys: Iterable[str]) -> list[KeyHolder]:
+        """`Leases.traces_for_keys`: (request key, trace id, first arrival) of traces holding these keys."""
         return self._leases.traces_for_keys(keys)
 
     # -- reads (reads.py) ----------------------------------------------------------------------

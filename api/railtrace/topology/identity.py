@@ -122,6 +122,7 @@ def resolve_endpoint(
         ep.pod_ip,
         ep.peer,
         ep.sidecar_peer,
+        ep.claimed_pod,
     )
     cache: dict[tuple[str | None, ...], Resolution] = topology._resolved  # type: ignore[attr-defined]
     hit = cache.get(key)
@@ -150,13 +151,34 @@ def _unique_pod_at(topology: Topology, ip: str | None) -> Pod | None:
     return pods[0] if len(pods) == 1 else None
 
 
+def _claim_holds(topology: Topology, claimed: str, peer: str | None) -> Pod | None:
+    """The pod a sender's own `k8s.pod.name` names, when the topology gives it the sender's address."""
+    pods = topology.pods_named(claimed)
+    if len(pods) != 1 or not peer or not _is_ip(peer):
+        return None
+    return pods[0] if pods[0] in topology.pods_at(peer) else None
+
+
+def claim_rejection(claimed: str, peer: str | None) -> str:
+    """The evidence note of a `k8s.pod.name` claim that was not believed."""
+    sender = f"its sender {peer} is not that pod" if peer else "no sender address to check it against"
+    return f"k8s.pod.name {claimed} claimed without a trusted collector, not believed: {sender}"
+
+
 def _identify(
     topology: Topology, ep: Endpoint, notes: list[str]
 ) -> tuple[Pod | None, Node | None, str | None]:
     """The leg's pod, strongest evidence first, and which evidence decided
     (`semconv.Identity`): the engine's `k8s.pod.name`; its `k8s.pod.ip` or OTLP sender
     address matched to one Pod's IP; the EPP's pick; the P/D address; the sidecar's own pod
-    (the decode pod in nixlv2). Only the engine's own resource outranks its sender address."""
+    (the decode pod in nixlv2). Only the engine's own resource outranks its sender address; a
+    pod name the sender claimed for itself counts only where that pod has the sender's address."""
+    if ep.claimed_pod:
+        claimed = _claim_holds(topology, ep.claimed_pod, ep.peer)
+        if claimed is not None:
+            notes.append(f"pod {claimed.name}: k8s.pod.name, and the sender {ep.peer} is that pod")
+            return claimed, None, IDENTITY.K8S_RESOURCE
+        notes.append(claim_rejection(ep.claimed_pod, ep.peer))
     if ep.pod and ep.identity in (None, IDENTITY.K8S_RESOURCE):
         pods = topology.pods_named(ep.pod)
         if len(pods) == 1:

@@ -8,8 +8,10 @@ gives `unknown` / no flag — never a guess.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from railtrace.model import (
+    KV_SOURCE,
     Candidate,
     Endpoint,
     Flag,
@@ -21,7 +23,13 @@ from railtrace.model import (
     leg_dict,
     rfc3339,
 )
-from railtrace.topology.identity import resolve_address, resolve_endpoint, resolve_engine
+from railtrace.topology.identity import (
+    claim_rejection,
+    resolve_address,
+    resolve_endpoint,
+    resolve_engine,
+    split_address,
+)
 from railtrace.topology.model import MISALIGNED, NIC, Topology
 from railtrace.verdicts.config import VerdictConfig
 from railtrace_tracing import semconv as sc
@@ -52,6 +60,8 @@ class _Ctx:
     local_reason: str = ""
     prefill: Endpoint = field(default_factory=Endpoint)
     decode: Endpoint = field(default_factory=Endpoint)
+    # The P2P source the KV cache was pulled from, when the transfer is judged against it.
+    source: Endpoint | None = None
     lanes: list[Lane] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     flags: list[Flag] = field(default_factory=list)
@@ -62,6 +72,8 @@ class _Ctx:
 
     @property
     def remote(self) -> Endpoint:
+        if self.source is not None:
+            return self.source
         return self.prefill if self.local_role == "decode" else self.decode
 
     def kv_ref(self, attr: str) -> str:
@@ -126,13 +138,51 @@ def _local_side(ctx: _Ctx) -> None:
         ctx.local_reason = f"operation={kv.operation}: NIXL {how}"
 
 
+def _same_pod(ctx: _Ctx, a: str | None, b: str) -> bool:
+    """Two addresses (pod IP, pod name, DNS name) of one pod of the topology."""
+    pod_a, pod_b = resolve_address(ctx.topology, a)[0], resolve_address(ctx.topology, b)[0]
+    return pod_a is not None and pod_a is pod_b
+
+
+def _p2p_source(ctx: _Ctx) -> None:
+    """Judge the transfer against the P2P KV source the sidecar named, not the prefill pod.
+
+    With `x-kv-cache-source-host-port` and no prefill target the sidecar has its decode
+    engine pull the cached prefix from that pod (llm-d-router pkg/sidecar/proxy/dispatch.go,
+    `decodeWithP2PSource` in connector_p2p.go): the transfer runs on decode, its peer is the
+    source. With a prefill target as well, the prefill pod pulls from the source and decode
+    from prefill (`addP2PPullToPrefill`), so decode's transfer stays judged against prefill
+    unless the KV span's own `remote.host` is the source's."""
+    kv, f = ctx.kv, ctx.facts
+    named_source = f.coverage.get(KV_SOURCE)
+    if kv is None or not isinstance(named_source, dict) or not named_source.get("address"):
+        return
+    src = Endpoint(address=str(named_source["address"]), span_id=named_source.get("span_id"))
+    assert src.address is not None
+    named = f"{sc.PD_KV_CACHE_SOURCE}={src.address} on span {src.span_id or '?'}"
+    src_host = split_address(src.address)[0]
+    remote = split_address(kv.remote_host)[0] if kv.remote_host else None
+    no_prefill = not (f.prefill.pod or f.prefill.address or f.prefill.span_id)
+    if remote is not None and remote != src_host and not _same_pod(ctx, kv.remote_host, src.address):
+        ctx.notes.append(f"{named}: the KV span's peer {kv.remote_host} is not that source")
+        return
+    if remote is None and not no_prefill:
+        ctx.notes.append(
+            f"{named}: the prefill pod pulls its cached prefix from there; decode pulls from prefill"
+        )
+        return
+    why = f"{ctx.kv_ref(sc.KV_REMOTE_HOST)}={kv.remote_host}" if remote else "no prefill leg"
+    ctx.source = Endpoint(address=src.address, span_id=src.span_id)
+    ctx.local_role, ctx.local_reason = "decode", f"pulled from the P2P KV source: {named} ({why})"
+
+
 def _resolve_legs(ctx: _Ctx) -> None:
     kv, f = ctx.kv, ctx.facts
     prefill, decode = f.prefill.copy(), f.decode.copy()
     if kv is not None and ctx.local_role:
         loc = decode if ctx.local_role == "decode" else prefill
         loc.pod, loc.node, loc.host = loc.pod or kv.pod, loc.node or kv.node, loc.host or kv.host
-        rem = prefill if ctx.local_role == "decode" else decode
+        rem = ctx.source if ctx.source is not None else prefill if ctx.local_role == "decode" else decode
         if not rem.pod and not rem.address:
             peer = resolve_engine(ctx.topology, kv.remote_engine_id)
             if peer:
@@ -144,6 +194,29 @@ def _resolve_legs(ctx: _Ctx) -> None:
     ctx.prefill, notes_p = resolve_endpoint(ctx.topology, prefill, gpu_p)
     ctx.decode, notes_d = resolve_endpoint(ctx.topology, decode, gpu_d)
     ctx.notes += [f"prefill: {n}" for n in notes_p] + [f"decode: {n}" for n in notes_d]
+    if ctx.source is not None:
+        ctx.source, notes_s = resolve_endpoint(ctx.topology, ctx.source)
+        ctx.notes += [f"KV source: {n}" for n in notes_s]
+
+
+def _with_claims(facts: RequestFacts, ctx: _Ctx) -> dict[str, Any]:
+    """The request's coverage, with each engine's `k8s.pod.name` claim that was not believed:
+    `rejected` where the leg was placed elsewhere, `unverified` where it landed on the claimed
+    pod by other evidence."""
+    coverage = dict(facts.coverage)
+    for leg, claimed, placed in (
+        ("prefill", facts.prefill, ctx.prefill),
+        ("decode", facts.decode, ctx.decode),
+    ):
+        pod = claimed.claimed_pod
+        if not pod or (placed.pod == pod and placed.identity == IDENTITY.K8S_RESOURCE):
+            continue
+        kind = "unverified" if placed.pod == pod else "rejected"
+        note = f"{leg} engine span {claimed.span_id}: {claim_rejection(pod, claimed.peer)}"
+        notes = list(coverage.get(kind) or [])
+        if note not in notes:
+            coverage[kind] = [*notes, note]
+    return coverage
 
 
 def _transport(ctx: _Ctx) -> str:
@@ -298,7 +371,8 @@ def _tcp_fallback(ctx: _Ctx, transport: str) -> None:
     tcp_lanes = [ln for ln in ctx.lanes if ln.transport == TRANSPORT.TCP]
     if ctx.kv is None or (transport != TRANSPORT.TCP and not tcp_lanes):
         return
-    nodes = [(ctx.topology.node(ep.node), ep) for ep in (ctx.prefill, ctx.decode)]
+    ends = (ctx.source, ctx.decode) if ctx.source is not None else (ctx.prefill, ctx.decode)
+    nodes = [(ctx.topology.node(ep.node), ep) for ep in ends]
     if transport == TRANSPORT.TCP:
         lanes = ", ".join(ln.raw for ln in ctx.lanes) or "no devices"
     else:
@@ -439,7 +513,9 @@ def judge(facts: RequestFacts, topology: Topology, config: VerdictConfig | None 
     kv = facts.kv
     if kv is not None:
         ctx.lanes = parse_lanes(list(kv.devices or []), list(kv.split or []))
-    _local_side(ctx)
+    _p2p_source(ctx)
+    if ctx.source is None:
+        _local_side(ctx)
     if ctx.local_reason:
         ctx.notes.append(f"transfer ran on {ctx.local_role} ({ctx.local_reason})")
     _resolve_legs(ctx)
@@ -458,8 +534,9 @@ def judge(facts: RequestFacts, topology: Topology, config: VerdictConfig | None 
         ctx.notes.append("no KV-transfer span")
     _blind_pairing(ctx)
     pairing_level = None
-    if ctx.prefill.node and ctx.decode.node:
-        pairing_level = topology.level_between(ctx.prefill.node, ctx.decode.node)[0].value
+    peer = ctx.source if ctx.source is not None else ctx.prefill  # the ends the KV cache travelled
+    if peer.node and ctx.decode.node:
+        pairing_level = topology.level_between(peer.node, ctx.decode.node)[0].value
     kv_summary = None
     if kv is not None:
         evidence = "; ".join([x for x in [kv.evidence] if x] + ctx.notes)
@@ -470,7 +547,11 @@ def judge(facts: RequestFacts, topology: Topology, config: VerdictConfig | None 
             duration_s=kv.duration_s,
             devices=list(kv.devices or []),
             evidence=evidence or None,
+            source=leg_dict(ctx.source) if ctx.source is not None else None,
         )
+    identity = {"prefill": ctx.prefill.identity, "decode": ctx.decode.identity}
+    if ctx.source is not None:
+        identity["kv_source"] = ctx.source.identity
     return RequestSummary(
         trace_id=facts.trace_id,
         request_id=facts.request_id,
@@ -487,7 +568,7 @@ def judge(facts: RequestFacts, topology: Topology, config: VerdictConfig | None 
         span_count=facts.span_count,
         complete=facts.complete,
         pairing_level=pairing_level,
-        identity={"prefill": ctx.prefill.identity, "decode": ctx.decode.identity},
+        identity=identity,
         resolved=all(ep.node and ep.gpu and ep.nic for ep in (ctx.prefill, ctx.decode)),
-        coverage=dict(facts.coverage),
+        coverage=_with_claims(facts, ctx),
     )

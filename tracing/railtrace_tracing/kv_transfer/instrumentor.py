@@ -1,6 +1,11 @@
-"""`NixlKVTransferInstrumentor`: one `llm_d.kv_transfer` span per NIXL transfer.
+"""`NixlKVTransferInstrumentor`: one `llm_d.kv_transfer` span per NIXL transfer of a KV connector.
 
-Patches `nixl_agent` (nixl / nixl_cu12 / nixl_cu13 `_api`): `initialize_xfer` and
+Each agent is classified when it is created, by the module creating it (`vllm.agent_kind`): in
+a vLLM process only the NIXL KV connector's agents give `llm_d.kv_transfer`, the encoder-cache
+connector's give `llm_d.ec_transfer`, and the others (EPLB, KV offload) no span; the emitter
+reads that mark, the per-transfer patches do not.
+
+Patches `nixl_agent` (nixl / nixl_cu12 / nixl_cu13 / nixl_rocm `_api`): `initialize_xfer` and
 `make_prepped_xfer` make the handle's record (what it will move), `transfer` notes the post
 time, the request's scope and the trace context (by reference), `transfer` or
 `check_xfer_state` note the end when NIXL reports DONE or ERR, `get_xfer_telemetry` keeps the
@@ -38,12 +43,29 @@ from railtrace_tracing import semconv as sc
 from railtrace_tracing._common import GatedInstrumentor, extract_context, get_tracer, logger
 from railtrace_tracing.kv_transfer.recorder import (
     TRACER_NAME,
+    StridedDescriptors,
     cached_evidence_attributes,
     descriptor_bytes,
+    is_strided,
 )
 from railtrace_tracing.kv_transfer.ucx_capture import UcxLogCapture
 
-NIXL_MODULES = ("nixl._api", "nixl_cu12._api", "nixl_cu13._api")
+# What an agent's transfers are, noted at its creation (`vllm.agent_kind`); None: not traced.
+KIND_KV = "kv"  # a KV connector's agent (or any agent outside vLLM): `llm_d.kv_transfer`
+KIND_EC = "ec"  # vLLM's encoder-cache connector: `llm_d.ec_transfer`
+_SPAN_BY_KIND = {KIND_KV: sc.SPAN_KV_TRANSFER, KIND_EC: sc.SPAN_EC_TRANSFER}
+# Modules skipped when looking for the code that creates an agent: NIXL's (`nixl`, `nixl_cu12`,
+# `nixl_rocm`, ...), the shim's and wrapt's.
+_NIXL_PREFIX = "nixl"
+_PASS_THROUGH = ("railtrace_tracing.kv_transfer", "wrapt")
+
+# The modules whose `nixl_agent` the shim patches. NIXL's meta package `nixl` (nixl 1.5.1,
+# `nixl/__init__.py` l.23-55) imports `nixl_cu<major>` for the CUDA it detects, else the first
+# of `nixl_cu13`, `nixl_cu12`, `nixl_rocm` that imports, and aliases its `_api` as `nixl._api`;
+# vLLM imports `nixl_rocm._api` itself on ROCm (vllm/distributed/nixl_utils.py l.40-48, 0.34.0).
+NIXL_MODULES = ("nixl._api", "nixl_cu12._api", "nixl_cu13._api", "nixl_rocm._api")
+# Packages whose import means NIXL is loaded: once one is, a shim that patched nothing says so.
+NIXL_PACKAGES = ("nixl", "nixl_cu12", "nixl_cu13", "nixl_rocm")
 _METHODS = (
     "__init__",
     "add_remote_agent",
@@ -209,6 +231,8 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         self._capture_wanted = True
         self._ucx_log_path: str | None = None
         self._agents_seen = 0
+        self._kv_agents_seen = 0
+        self._warned_unpatched = False
         self._hot_path = False
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork)
@@ -243,6 +267,11 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         self._ucx_log_path = kwargs.get("ucx_log_path")
         for modname in NIXL_MODULES:
             self._patch_when_imported(modname)
+        for package in NIXL_PACKAGES:
+            if package in sys.modules:
+                continue
+            wrapt.register_post_import_hook(lambda _module: self._check_patched(), package)
+        self._check_patched()
         if self._async and any(m in sys.modules for m in NIXL_MODULES):
             self._ensure_worker()  # agents may exist already; else the first agent starts it
         if kwargs.get("vllm_hook", True):
@@ -254,6 +283,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         def hook(module: Any) -> None:
             cls = getattr(module, "nixl_agent", None)
             if cls is None or cls in self._patched or not self._active:
+                self._check_patched()
                 return
             base = getattr(module, "nixl_xfer_handle", None)
             traced = _traced_handle_class(base)
@@ -280,6 +310,22 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             hook(module)
         else:
             wrapt.register_post_import_hook(hook, modname)
+
+    def _check_patched(self) -> None:
+        """One warning when NIXL is loaded but no `nixl_agent` could be patched (a NIXL build
+        whose module the shim does not watch, or without `nixl_agent`): no KV span would come."""
+        if self._patched or self._warned_unpatched or not self._active:
+            return
+        loaded = sorted(name for name in sys.modules if name.split(".", 1)[0] in NIXL_PACKAGES)
+        if not loaded:
+            return
+        self._warned_unpatched = True
+        logger.warning(
+            "railtrace: NIXL is loaded (%s) but the KV shim patched no NIXL module (it patches "
+            "nixl_agent in %s); no KV-transfer span will be emitted",
+            ", ".join(loaded[:6]),
+            ", ".join(NIXL_MODULES),
+        )
 
     def _uninstrument(self, **kwargs: Any) -> None:
         from railtrace_tracing.kv_transfer import vllm as vllm_hook
@@ -309,12 +355,16 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
     # -- patches (run on the host's threads: keep them short) ---------------------------
     def _make_init(self, original: Any) -> Any:
         def __init__(agent: Any, *args: Any, **kwargs: Any) -> None:
+            kind: str | None = KIND_KV
             try:
-                self._before_first_agent()
+                kind = _agent_kind()
+                self._before_first_agent(kind)
             except Exception:
                 logger.debug("railtrace: UCX capture setup", exc_info=True)
             original(agent, *args, **kwargs)
             try:
+                # Read by the emitter only: the per-transfer patches never look at it.
+                agent._railtrace_kind = kind
                 conf = kwargs.get("nixl_conf", args[1] if len(args) > 1 else None)
                 env = os.environ.get("NIXL_TELEMETRY_ENABLE", "").lower()
                 captures = (conf is not None and bool(getattr(conf, "capture_telemetry", False))) or env in (
@@ -332,13 +382,15 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
 
         return __init__
 
-    def _before_first_agent(self) -> None:
+    def _before_first_agent(self, kind: str | None = KIND_KV) -> None:
         """Point UCX's info log where the shim reads it, once, just before UCX starts."""
         self._agents_seen += 1
-        if self._agents_seen == 1:
-            from railtrace_tracing.kv_transfer import vllm as vllm_hook
+        if kind == KIND_KV:
+            self._kv_agents_seen += 1
+            if self._kv_agents_seen == 1:
+                from railtrace_tracing.kv_transfer import vllm as vllm_hook
 
-            vllm_hook.check_layout_used()
+                vllm_hook.check_layout_used()
         if self._async:
             self._ensure_worker()  # the emitter: the transfer patches never check for it
         if not self._capture_wanted or self.capture.configured:
@@ -368,9 +420,13 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         def prep_xfer_dlist(agent: Any, *args: Any, **kwargs: Any) -> Any:
             handle = original(agent, *args, **kwargs)
             try:  # once per registration, not per transfer
+                if _kind_of(agent) not in _SPAN_BY_KIND:
+                    # Not traced: nothing to note. vLLM's EPLB prepares and releases lists per
+                    # transfer (eplb_communicator.py l.614-681, 0.34.0); noting them would grow.
+                    return handle
                 owner = kwargs.get("agent_name", args[0] if args else "")
                 lens = _lengths(kwargs.get("xfer_list", args[1] if len(args) > 1 else None))
-                if lens is not None and _np is not None:
+                if lens is not None and _np is not None and type(lens) is not StridedDescriptors:
                     lens = _np.asarray(lens, dtype=_np.int64)
                 self._dlists[id(handle)] = (handle, lens, _peer_name(owner))
             except Exception:
@@ -656,6 +712,8 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                 if raw is not None:
                     rec[7] = _read_telemetry(rec[4], raw[0])
             rec[8] = True
+            if _kind_of(rec[4]) not in _SPAN_BY_KIND:
+                return  # not traced (EPLB, KV offload): no span
             item = self._resolved(_item(rec))
             agent_name, op, peer = _ident(item)
             ev = self.capture.evidence(agent_name or None, op or None, peer=peer or None)
@@ -669,7 +727,10 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             logger.debug("railtrace: kv span dropped", exc_info=True)
 
     def _emit(self, item: tuple[Any, ...], ev: Any, tracer: Any = None) -> None:
-        (start, scope, parent), end, state, info, tel, _agent = item
+        (start, scope, parent), end, state, info, tel, agent = item
+        span_name = _SPAN_BY_KIND.get(_kind_of(agent))  # type: ignore[arg-type]
+        if span_name is None:
+            return  # an agent that is not a KV or EC connector's (EPLB, KV offload): no span
         if scope is not None and type(scope) is not TransferScope:
             scope = scope.resolve()  # a lazy scope (the vLLM hook): built here, off the host's thread
         if scope is not None and scope.parent is not None:
@@ -723,7 +784,7 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
         if tracer is None:
             tracer = get_tracer(TRACER_NAME, self._provider())
         span = tracer.start_span(
-            sc.SPAN_KV_TRANSFER, context=parent, kind=SpanKind.INTERNAL, attributes=attrs, start_time=start
+            span_name, context=parent, kind=SpanKind.INTERNAL, attributes=attrs, start_time=start
         )
         if error:
             span.set_status(Status(StatusCode.ERROR, error))
@@ -809,6 +870,8 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
             evidence: dict[tuple[Any, Any], Any] = {}
             for item in items:
                 try:
+                    if _kind_of(item[5]) not in _SPAN_BY_KIND:
+                        continue  # not traced: no evidence to wait for, no span
                     ev = None
                     if configured:
                         key = _ident(item)
@@ -838,6 +901,37 @@ class NixlKVTransferInstrumentor(GatedInstrumentor):
                 return True
             time.sleep(0.01)
         return self.flush_deferred(final=True) == 0
+
+
+def _creator_module(max_depth: int = 16) -> str | None:
+    """The module whose code is creating a NIXL agent: the first caller outside NIXL, the shim
+    and wrapt (a subclass of `nixl_agent` counts as its own module's)."""
+    frame = sys._getframe(2)
+    for _ in range(max_depth):
+        if frame is None:
+            return None
+        name = frame.f_globals.get("__name__")
+        if not isinstance(name, str):
+            return None
+        if not (name.startswith(_NIXL_PREFIX) or name.startswith(_PASS_THROUGH)):
+            return name
+        frame = frame.f_back
+    return None
+
+
+def _agent_kind() -> str | None:
+    """`KIND_KV`, `KIND_EC` or None (not traced) for the agent being created (once per agent)."""
+    from railtrace_tracing.kv_transfer import vllm as vllm_hook
+
+    return vllm_hook.agent_kind(_creator_module())
+
+
+def _kind_of(agent: Any) -> str | None:
+    """The kind noted on an agent at its creation; agents made before `instrument()` are KV."""
+    try:
+        return agent._railtrace_kind  # type: ignore[no-any-return]
+    except AttributeError:
+        return KIND_KV
 
 
 def _want_hot_path(asked: Any) -> bool:
@@ -930,8 +1024,11 @@ def _peer_name(v: Any) -> str:
 
 
 def _prepped_bytes(lengths: Any, indices: Any) -> int | None:
-    """Bytes of a prepped transfer: the registered lengths at `indices` (vectorised with numpy)."""
+    """Bytes of a prepped transfer: the registered lengths at `indices` (vectorised with numpy;
+    an N×5 list's rows are looked up per index, not expanded)."""
     try:
+        if type(lengths) is StridedDescriptors:
+            return lengths.take(indices)
         if _np is not None and isinstance(lengths, _np.ndarray):
             return int(lengths[_np.asarray(indices, dtype=_np.int64)].sum())
         return sum(int(lengths[int(i)]) for i in indices)
@@ -963,9 +1060,12 @@ def _op(op: Any) -> str:
     return str(op or "").strip().lower()
 
 
-def _lengths(xfer_list: Any) -> list[int] | None:
+def _lengths(xfer_list: Any) -> Any:
+    """Per-descriptor lengths of a list given to `prep_xfer_dlist` (N×5: `StridedDescriptors`)."""
     if xfer_list is None:
         return None
+    if is_strided(xfer_list):
+        return StridedDescriptors(xfer_list)
     if hasattr(xfer_list, "descCount"):
         return [int(xfer_list[i][1]) for i in range(xfer_list.descCount())]
     if hasattr(xfer_list, "shape") and len(xfer_list.shape) == 2:

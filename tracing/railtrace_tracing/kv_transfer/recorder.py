@@ -262,9 +262,63 @@ def current_kv_transfer() -> KVTransferRecord | None:
     return _CURRENT.get()
 
 
+class StridedDescriptors:
+    """An N×5 descriptor array `(address, len, device, stride, count)`: each row stands for
+    `count` descriptors of `len` bytes. NIXL >= 1.5 prepares such a list directly (nixl-cu12
+    1.5.1 `_api.py`, `nixl_agent.prep_xfer_dlist`, l.512-541) and vLLM's NIXL connector passes
+    one from vLLM 0.33 (read in 0.34.0; 0.24.0 still passes N×3):
+    vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py, 0.34.0,
+    `_pack_strided_descs` l.2199-2207, `_block_strided_descs` l.2210-2239, prepared at l.2409.
+    Indices of a prepped transfer count the expanded descriptors, so bytes are summed
+    per row found for each index -- never by expanding the rows (millions of blocks)."""
+
+    __slots__ = ("ends", "lengths")
+
+    def __init__(self, rows: Any) -> None:
+        import numpy as np
+
+        counts = np.asarray(rows[:, 4], dtype=np.int64)
+        self.lengths = np.asarray(rows[:, 1], dtype=np.int64)
+        self.ends = np.cumsum(counts)  # one past the last expanded index of each row
+
+    @property
+    def count(self) -> int:
+        return int(self.ends[-1]) if len(self.ends) else 0
+
+    def total(self) -> int:
+        import numpy as np
+
+        counts = np.diff(self.ends, prepend=0)
+        return int((self.lengths * counts).sum())
+
+    def take(self, indices: Any) -> int | None:
+        """Bytes of the expanded descriptors at `indices`; None for an index out of range."""
+        import numpy as np
+
+        idx = np.asarray(indices, dtype=np.int64).ravel()
+        if idx.size == 0:
+            return 0
+        if int(idx.min()) < 0 or int(idx.max()) >= self.count:
+            return None
+        return int(self.lengths[np.searchsorted(self.ends, idx, side="right")].sum())
+
+
+def is_strided(descs: Any) -> bool:
+    """Whether `descs` is an N×5 (strided) descriptor array."""
+    shape = getattr(descs, "shape", None)
+    return shape is not None and len(shape) == 2 and shape[1] == 5
+
+
 def descriptor_bytes(descs: Any, indices: Sequence[int] | None = None) -> tuple[int | None, int | None]:
-    """(bytes, count) of a NIXL descriptor list, list of (addr, len, dev) tuples or N×3 array."""
+    """(bytes, count) of a NIXL descriptor list: list of (addr, len, dev) tuples, N×3 array, or
+    N×5 strided array (`StridedDescriptors`; `indices` and count then refer to the expanded list)."""
     try:
+        if is_strided(descs):
+            strided = StridedDescriptors(descs)
+            if indices is None:
+                return strided.total(), strided.count
+            nbytes = strided.take(indices)
+            return (nbytes, len(indices)) if nbytes is not None else (None, None)
         if hasattr(descs, "descCount"):
             n = descs.descCount()
             idx = range(n) if indices is None else indices

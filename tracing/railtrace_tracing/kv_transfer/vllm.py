@@ -41,7 +41,13 @@ import wrapt
 
 from railtrace_tracing import semconv as sc
 from railtrace_tracing._common import logger
-from railtrace_tracing.kv_transfer.instrumentor import _SCOPE, TransferScope, kv_transfer_scope
+from railtrace_tracing.kv_transfer.instrumentor import (
+    _SCOPE,
+    KIND_EC,
+    KIND_KV,
+    TransferScope,
+    kv_transfer_scope,
+)
 
 SUPPORTED = ("0.11.0", "0.34.0")  # oldest and newest release; every release between was read
 # The releases CI checks against their wheels: the oldest, each side of every layout change, the newest,
@@ -164,6 +170,7 @@ class _State:
         self.patched: list[tuple[Any, str, Any]] = []  # (class, method, what was there before)
         self.warned = False
         self.strip_suffix: bool | None = None
+        self.untraced: set[str] = set()  # creator modules of agents not traced (logged once each)
 
 
 _STATE = _State()
@@ -180,6 +187,43 @@ def vllm_version() -> str:
         return version("vllm")
     except Exception:
         return "unknown"
+
+
+# Which NIXL agents of a vLLM process are traced, by the module whose code creates the agent
+# (`nixl_agent(...)`, vLLM's `NixlWrapper`). Read from the wheels (`pip download --no-deps
+# vllm==X`), docs/shims.md "Which NIXL agents are traced" has the lines per release:
+# - the NIXL KV connector, pull and push: `v1/nixl_connector.py` (0.11.0 - 0.19.1), then the
+#   `v1/nixl/` package (`worker.py` 0.20.0 - 0.23.0, `base_worker.py` from 0.24.0, the base of
+#   the pull and push workers) -> KV spans;
+# - the encoder-cache connector of encode/prefill/decode disaggregation
+#   (`vllm/distributed/ec_transfer/`, 0.34.0 `ec_connector/cpu/data/nixl.py`) -> EC spans;
+# - every other creator in a vLLM process -- expert-parallel load balancing
+#   (`vllm/distributed/eplb/eplb_communicator.py`, 0.21.0 and 0.34.0), the KV-offload tiers
+#   (`vllm/v1/kv_offload/tiering/obj/manager.py`, `.../p2p/data/nixl.py`, 0.34.0), libraries
+#   such as Ray's NIXL transport or KVCR -> not traced: their transfers serve no request.
+# Outside vLLM (no `vllm` module loaded) every agent is traced as a KV agent (the shim's API).
+EC_PACKAGE = "vllm.distributed.ec_transfer"
+
+
+def agent_kind(creator: str | None) -> str | None:
+    """What an agent's transfers are, from the module that created it: `KIND_KV`, `KIND_EC`,
+    or None (not traced). Logs once per untraced vLLM module, naming it."""
+    if "vllm" not in sys.modules:
+        return KIND_KV
+    name = creator or ""
+    if name == OLD_MODULE or name.startswith(PACKAGE + "."):
+        return KIND_KV
+    if name == EC_PACKAGE or name.startswith(EC_PACKAGE + "."):
+        return KIND_EC
+    if name not in _STATE.untraced:
+        _STATE.untraced.add(name)
+        logger.info(
+            "railtrace: the NIXL agent created by %s is not vLLM's NIXL KV connector (vLLM %s); "
+            "its transfers are not traced",
+            name or "an unknown caller",
+            vllm_version(),
+        )
+    return None
 
 
 def _adds_suffix() -> bool:
@@ -421,6 +465,7 @@ def uninstall() -> None:
             setattr(cls, meth, original)
     _STATE.patched.clear()
     _STATE.warned = False
+    _STATE.untraced.clear()
 
 
 def register() -> None:

@@ -58,6 +58,7 @@ def readyz(rt: RuntimeDep) -> Response:
 )
 def metrics(request: Request, rt: RuntimeDep) -> Response:
     rt.refresh_contract_gauge()
+    rt.sampling.refresh_gauges()
     body, media = rt.metrics.render(request.headers.get("accept"))
     return Response(body, media_type=media)
 

@@ -2,7 +2,9 @@
 
 `coverage` groups by tracing recipe (which hops the deployment traces) and by how both legs
 resolved to node, GPU and NIC: what turning on more tracing, or the collector's k8sattributes
-processor, would add."""
+processor, would add. It also answers `sampling`, the latest estimate of the share of traffic
+that is traced (`railtrace.server.sampling`): a share below 1 means every count here is of the
+traced requests only."""
 
 from __future__ import annotations
 
@@ -36,7 +38,10 @@ async def stats(
     since_ns, until_ns = to_ns(since), to_ns(until)
     check_range(since_ns, until_ns)
     groups = await run_in_threadpool(rt.store.stats, group_by.value, since_ns, until_ns)
-    return {"group_by": group_by.value, "since": since, "until": until, "groups": groups}
+    out: dict[str, Any] = {"group_by": group_by.value, "since": since, "until": until, "groups": groups}
+    if group_by is GroupBy.COVERAGE:
+        out["sampling"] = rt.sampling.snapshot()
+    return out
 
 
 @router.get(

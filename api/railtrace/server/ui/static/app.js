@@ -124,14 +124,17 @@ function weightedMean(groups, key) {
 async function overview(main, params) {
   const win = params.get("window") === "24h" ? "24h" : "1h";
   const since = Math.floor(Date.now() / 1000) - (win === "1h" ? 3600 : 86400);
-  const [byPath, byFlag, byPair, ready, topo, quant] = await Promise.all([
+  const [byPath, byFlag, byPair, ready, topo, quant, byCoverage] = await Promise.all([
     api(`/api/v1/stats?group_by=path_class&since=${since}`),
     api(`/api/v1/stats?group_by=flag&since=${since}`),
     api(`/api/v1/stats?group_by=pair&since=${since}`),
     fetch("/readyz").then((r) => r.json()).catch((e) => ({ status: "unreachable", problems: [String(e)] })),
     maybe("/api/v1/topology?summary=true"),
     api(`/api/v1/stats/ttft?since=${since}`),
+    maybe(`/api/v1/stats?group_by=coverage&since=${since}`),
   ]);
+  const sampling = byCoverage.error ? null : byCoverage.sampling || null;
+  const share = sampling && typeof sampling.traced_share === "number" ? sampling.traced_share : null;
   const qOf = (key, value) => quant[key].find((g) => (g[key] || "unknown") === value) || {};
   const qCells = (g) => ["ttft_s_p50", "ttft_s_p90", "ttft_s_p99"].map((k) => h("td", { class: "num" }, secs(g[k])));
   const qNote = (q) => h("p", { class: "muted" },
@@ -156,6 +159,7 @@ async function overview(main, params) {
     tile("flagged tcp_fallback", total ? pct((flagged.tcp_fallback || 0) / total) : "—", listHref("&flag=tcp_fallback")),
     tile("flagged cross_rail", total ? pct((flagged.cross_rail || 0) / total) : "—", listHref("&flag=cross_rail")),
     tile("mean TTFT", secs(weightedMean(byPath.groups, "ttft_s_mean")), null),
+    tile("traced share", share === null ? "unknown" : pct(share), null, share === null ? "" : share < 1 ? "warn" : "ok"),
     tile("ingest", ready.status, null, ready.status === "ok" ? "ok" : "bad"));
 
   const pathRows = PATH_CLASSES.flatMap((pc) => byPath.groups.filter((g) => g.path_class === pc)).map((g) =>
@@ -197,6 +201,7 @@ async function overview(main, params) {
   main.replaceChildren(
     h("div", { class: "pagehead" }, h("h1", {}, "Fleet"), windowChooser(win)),
     fleet,
+    samplingNote(sampling, share),
     tiles,
     h("div", { class: "grid" },
       section("By path class", table(["path class", "requests", "share", "TTFT p50", "p90", "p99", "KV mean"], pathRows), qNote(quant)),
@@ -211,6 +216,27 @@ async function overview(main, params) {
       ]), h("p", { class: "muted" }, h("a", { href: "/metrics" }, "/metrics"), " has the counters over time."))),
     section("Slowest prefill → decode node pairs (mean TTFT)",
       table(["prefill node", "decode node", "level", "requests", "mean TTFT", "mean KV transfer"], worst)));
+}
+
+// How much of the traffic these counts cover (`sampling` of the coverage stats): below 1 it is
+// said in words above the figures, never left out; no estimate is "unknown", never 100 %.
+function samplingNote(sampling, share) {
+  const est = sampling && sampling.source ? sampling.estimates[sampling.source] : null;
+  const how = est
+    ? ` (${est.source === "prometheus" ? `requests assembled / ${est.counter}` : "sampling thresholds in tracestate"}, ${Math.round(est.window_s / 60)} min window)`
+    : "";
+  if (share === null) {
+    const reasons = sampling ? Object.values(sampling.estimates).map((e) => e.reason).filter(Boolean) : [];
+    return h("p", { class: "muted sampling", "data-share": "unknown" },
+      "Traced share of traffic: unknown", reasons.length ? ` — ${reasons.join("; ")}` : "",
+      ". Counts are of the requests railtrace received traces of.");
+  }
+  if (share < 1) {
+    return h("p", { class: "warn sampling", "data-share": String(share) },
+      `Sampled: railtrace received traces of about ${pct(share)} of the requests served${how}. `,
+      "Every count on this page is of traced requests only.");
+  }
+  return h("p", { class: "muted sampling", "data-share": String(share) }, `Every served request is traced${how}.`);
 }
 
 function tile(label, value, href, cls) {
@@ -363,7 +389,10 @@ function laneNic(device) {
 function kvPathSection(summary, kvSpan) {
   const kv = summary.kv_transfer;
   if (!kv) return section("KV transfer path", h("p", { class: "muted" }, "No KV transfer was seen for this request."));
-  const p = summary.prefill || {};
+  // A transfer pulled from a P2P KV source (`kv_transfer.source`) is drawn, and was judged,
+  // from that pod, not from the prefill pod.
+  const p = kv.source || summary.prefill || {};
+  const from = kv.source ? "KV source" : "prefill";
   const d = summary.decode || {};
   const lanes = lanesOf(kv, kvSpan);
   const sameRail = p.rail && d.rail && p.rail === d.rail;
@@ -380,21 +409,23 @@ function kvPathSection(summary, kvSpan) {
     }),
     h("div", { class: "muted" }, `${bytes(kv.bytes)} in ${secs(kv.duration_s)}` + (kv.duration_s ? ` = ${(kv.bytes / kv.duration_s / 1e9).toFixed(2)} GB/s` : "")));
   const path = h("div", { class: "kvpath", id: "kv-path" },
-    hop("prefill GPU", [p.gpu || "?", p.pod || "", p.node || ""], "gpu"), arrow(),
-    hop("prefill NIC", [p.nic || "?", p.rail ? `rail ${p.rail}` : "rail ?"], "nic"), arrow(),
+    hop(`${from} GPU`, [p.gpu || "?", p.pod || "", p.node || ""], "gpu"), arrow(),
+    hop(`${from} NIC`, [p.nic || "?", p.rail ? `rail ${p.rail}` : "rail ?"], "nic"), arrow(),
     laneBox, arrow(),
     hop("decode NIC", [d.nic || "?", d.rail ? `rail ${d.rail}` : "rail ?"], "nic"), arrow(),
     hop("decode GPU", [d.gpu || "?", d.pod || "", d.node || ""], "gpu"));
   const expected = [];
   if (kv.transport === "tcp") {
-    expected.push(`RDMA from ${p.nic || "the prefill GPU's NIC"} to ${d.nic || "the decode GPU's NIC"}` +
+    expected.push(`RDMA from ${p.nic || `the ${from} GPU's NIC`} to ${d.nic || "the decode GPU's NIC"}` +
       (sameRail ? ` on rail ${p.rail} (rdma_same_rail)` : ""));
   } else if (kv.path_class === "rdma_cross_rail") {
     const off = lanes.filter((l) => ![p.nic, d.nic].includes(laneNic(l.device).nic));
     expected.push(`every byte on the paired NICs ${p.nic || "?"} ↔ ${d.nic || "?"}` + (p.rail ? ` (rail ${p.rail})` : "") +
       (off.length ? `; ${off.map((l) => `${l.device} carried ${Math.round(l.share * 100)}%`).join(", ")} instead` : ""));
   }
-  return section("KV transfer path", path,
+  return section("KV transfer path",
+    kv.source ? h("p", { id: "kv-source" }, `Pulled from the P2P KV source ${kv.source.pod || "?"}, not from the prefill pod: judged between it and decode.`) : null,
+    path,
     expected.length ? h("p", { class: "expected" }, h("strong", {}, "Expected instead: "), expected) : h("p", { class: "ok" }, "The transfer took the path the topology pairs these GPUs with."),
     h("p", { class: "muted" }, kv.evidence || ""));
 }
