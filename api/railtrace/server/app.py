@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from railtrace.server import otlp_http
 from railtrace.server.read_gate import ReadAdmission, ReadGate
-from railtrace.server.routers import health, tempo
+from railtrace.server.routers import health, jaeger, tempo
 from railtrace.server.routers import v1 as api_v1
 from railtrace.server.runtime import Runtime
 from railtrace.server.security import AccessMiddleware, ASGIApp, SecurityHeaders
@@ -119,5 +119,6 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(api_v1.router, responses=API_RESPONSES)
     app.include_router(tempo.router, responses=API_RESPONSES)  # Grafana's Tempo data source
+    app.include_router(jaeger.router)  # Grafana's Jaeger data source, at <base>/jaeger
     app.include_router(ui_router())  # the read-only web UI at `/`; its data comes from /api/v1
     return app

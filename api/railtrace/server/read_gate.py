@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import orjson
 
-from railtrace.server.security import API_PREFIX, INGEST_PATHS, ASGIApp, Receive, Scope, Send
+from railtrace.server.security import API_PREFIXES, INGEST_PATHS, ASGIApp, Receive, Scope, Send
 
 READ_METHODS = ("GET", "HEAD")
 # Longest rest of a turn after one read: a read that ran for seconds does not hold every other
@@ -132,9 +132,9 @@ class ReadAdmission:
 
 
 class ReadGate:
-    """ASGI middleware: `GET`/`HEAD` under `/api/` take a turn of `ReadAdmission` for their
-    whole answer (query, rendering and sending); exports are counted while in progress; anything
-    else passes straight through."""
+    """ASGI middleware: `GET`/`HEAD` under `/api/` and `/jaeger/api/` take a turn of
+    `ReadAdmission` for their whole answer (query, rendering and sending); exports are counted
+    while in progress; anything else passes straight through."""
 
     def __init__(self, app: ASGIApp, admission: ReadAdmission, retry_after_s: int) -> None:
         self.app = app
@@ -146,7 +146,7 @@ class ReadGate:
             await self.app(scope, receive, send)
             return
         path: str = scope.get("path", "")
-        if scope.get("method") in READ_METHODS and path.startswith(API_PREFIX):
+        if scope.get("method") in READ_METHODS and path.startswith(API_PREFIXES):
             await self._read(scope, receive, send)
         elif path in INGEST_PATHS:
             self.admission.ingest_started()

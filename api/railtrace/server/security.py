@@ -30,6 +30,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 INGEST_PATHS = ("/v1/traces",)
 API_PREFIX = "/api/"
+# Paths the API token and the read gate cover: railtrace's own and Tempo's API, and Jaeger's
+# query API under /jaeger (server/routers/jaeger.py).
+API_PREFIXES = (API_PREFIX, "/jaeger/api/")
 METRICS_PATH = "/metrics"
 
 
@@ -110,7 +113,7 @@ class AccessMiddleware:
     def _token_for(self, path: str) -> str | None:
         if path in INGEST_PATHS:
             return self.ingest_token
-        if path.startswith(API_PREFIX):
+        if path.startswith(API_PREFIXES):
             return self.api_token
         if path == METRICS_PATH:
             return self.metrics_token
