@@ -192,16 +192,23 @@ def test_share_from_prometheus_counters(
             lambda: _value(prometheus, "llm_d_epp_request_total") == SERVED, timeout=60, what="the new counts"
         )
 
+        # `increase` extrapolates past the last scrape by up to half a scrape interval: on a
+        # series only a few scrapes old that is a large share (27 for 20 was seen under load);
+        # it shrinks as the series ages, so wait for the estimate to settle near SERVED.
+        seen: list[float] = []
+
         def estimated() -> dict[str, Any] | None:
             sampling = _coverage(base)["sampling"]
             est = sampling["estimates"]["prometheus"]
-            return sampling if est["traced"] == TRACED and sampling["traced_share"] is not None else None
+            if est["traced"] != TRACED or sampling["traced_share"] is None:
+                return None
+            seen.append(est["total"])
+            return sampling if SERVED <= est["total"] < SERVED * 1.25 else None
 
-        sampling = wait_for(estimated, timeout=60, what="the share of the assembled requests")
+        sampling = wait_for(estimated, timeout=60, what="the share settled near the served count")
         est = sampling["estimates"]["prometheus"]
-        # `increase` extrapolates a little past the last scrape: about SERVED, never below it.
+        assert min(seen) >= SERVED, seen  # never below what was served
         assert est["counter"] == "llm_d_epp_request_total"  # the EPP's counter comes first
-        assert SERVED <= est["total"] < SERVED * 1.25, est
         assert sampling["source"] == "prometheus" and sampling["sampled"] is True
         assert TRACED / (SERVED * 1.25) < sampling["traced_share"] <= TRACED / SERVED
         metrics = httpx.get(base + "/metrics", timeout=10).text
