@@ -185,7 +185,10 @@ def test_migration_0010_fills_the_flag_rows_sort_keys_and_back(db_url: str) -> N
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "0009")
-        conn.execute(insert(requests), list(built.rows.values()))
+        later = {"trace_of"}  # 0012's column, not there yet at 0009
+        conn.execute(
+            insert(requests), [{k: v for k, v in r.items() if k not in later} for r in built.rows.values()]
+        )
         before = [{k: f[k] for k in ("flag", "start_ns", "trace_id")} for f in built.flags]
         conn.execute(insert(request_flags), before)  # the columns of revision 0009
     migrate(engine)

@@ -100,8 +100,8 @@ RELEASES = [
         "prepare_disaggregation",
         True,
         True,
-        "request",
-        "request_orchestration",
+        root="request",
+        orchestration="request_orchestration",
     ),
 ]
 RECIPES = ("full", "decode_only")
