@@ -552,7 +552,8 @@ chunk_append(chunk *c, uint64_t rid, const uint8_t *enc, size_t n)
     return 0;
 }
 
-/* The request-id value that follows a key needle `KeyValue{key, value: AnyValue{...}}`: a
+/* The request-id value that follows a key needle and the value's tag 0x12 (`KeyValue{key,
+ * value: AnyValue{...}}` in field order, as protobuf writes it): a
  * short string_value, or the first item of a short array_value. Returns 0 with the value's
  * bounds, or -1 when the value is not in that short shape (the caller then reads it the long
  * way). Mirrors `railtrace.otlp.rows._SHORT_STRING`. */
@@ -578,6 +579,26 @@ short_value_after(const uint8_t *p, const uint8_t *end, const uint8_t **vstart, 
     *vstart = at;
     *vstop = (size_t)(end - at) < n ? end : at + n;
     return 0;
+}
+
+/* The short string_value written just before a key that starts at `key`, as the Collector's
+ * pdata encodes a KeyValue (fields in descending order): `0x12 <n+2> 0x0A <n> value key`.
+ * Returns 0 with the value's bounds, or -1 (the caller then reads it the long way). Mirrors
+ * `railtrace.otlp.rows.value_before`. */
+static int
+short_value_before(const uint8_t *lo, const uint8_t *key, const uint8_t **vstart, const uint8_t **vstop)
+{
+    for (size_t n = 0; n < 126; n++) {
+        const uint8_t *start = key - n;
+        if (start - lo < 4)
+            return -1;
+        if (start[-1] == n && start[-2] == 0x0A && start[-3] == n + 2 && start[-4] == 0x12) {
+            *vstart = start;
+            *vstop = key;
+            return 0;
+        }
+    }
+    return -1;
 }
 
 typedef struct {
@@ -716,7 +737,11 @@ take_span(state *st, const uint8_t *p, const uint8_t *end, uint64_t rid, Py_ssiz
         if (st->first[j] < 0)
             continue;
         const uint8_t *vs, *ve;
-        if (short_value_after(p + st->first[j] + st->needle_lens[j], end, &vs, &ve) < 0) {
+        const uint8_t *key = p + st->first[j];
+        const uint8_t *after = key + st->needle_lens[j];
+        int found = after < end && *after == 0x12 ? short_value_after(after + 1, end, &vs, &ve)
+                                                   : short_value_before(p, key, &vs, &ve);
+        if (found < 0) {
             Py_XDECREF(cands);
             PyObject *item = Py_BuildValue("(y#y#)", s.tid, (Py_ssize_t)16, p, (Py_ssize_t)(end - p));
             if (!item || PyList_Append(st->slow, item) < 0) {

@@ -54,7 +54,8 @@ from railtrace_tracing.semconv import RES_OTLP_CLAIMS, RES_OTLP_PEER
 ChunkRow = list[Any]
 # A record of a chunk's body: the span's resource id, the length of its encoding, the encoding.
 RECORD_HEADER = struct.Struct(">QI")
-# A content attribute's key as it appears on the wire: length byte, key, AnyValue tag.
+# A content attribute's key as the Python protobuf library writes it (`_rows_python` looks for
+# it in spans it has just re-serialized): length byte, key, AnyValue tag.
 CONTENT_NEEDLES = tuple(bytes([len(k)]) + k.encode() + b"\x12" for k in sorted(DEFAULT_DROP) if len(k) < 128)
 
 
@@ -177,32 +178,66 @@ def _string_at(body: bytes, pos: int) -> str | None:
     return body[pos : pos + n].decode("utf-8", "replace")
 
 
-# A KeyValue on the wire: 0x0a <len> key 0x12 <len> AnyValue. Finding these needles in the
-# span's own encoding reads the join keys without decoding its attributes into Python.
-KEY_NEEDLES = tuple(
-    (a, b"\x0a" + bytes([len(a)]) + a.encode() + b"\x12") for a in KEY_ATTRIBUTES if len(a) < 128
-)
+# A KeyValue's key on the wire: 0x0a <len> key. Finding these needles in the span's own
+# encoding reads the join keys without decoding its attributes into Python. Where the value is
+# depends on the encoder: the Python SDK (protobuf) writes fields in field order, the value
+# after the key (`0x12 <len> AnyValue`); the Collector's pdata writes them in descending order,
+# the value before it -- every span that reaches the service through a collector.
+KEY_NEEDLES = tuple((a, b"\x0a" + bytes([len(a)]) + a.encode()) for a in KEY_ATTRIBUTES if len(a) < 128)
 
 
-# After a key needle: AnyValue length, maybe an array wrapper, then a short string_value.
-# Request ids are shorter than 128 bytes, so every length is one byte; longer values take
-# the general varint path.
+# After a key needle and the value's tag: AnyValue length, maybe an array wrapper, then a short
+# string_value. Request ids are shorter than 128 bytes, so every length is one byte; longer
+# values take the general varint path.
 _SHORT_STRING = re.compile(rb"[\x00-\x7f](?:\x2a[\x00-\x7f]\x0a[\x00-\x7f])?\x0a([\x00-\x7f])", re.S)
 
 
 def _value_after(body: bytes, pos: int) -> bytes | None:
-    m = _SHORT_STRING.match(body, pos)
+    """The short string value of the KeyValue whose key ends at `pos`: after it (field order),
+    else before it (`_value_before`)."""
+    if pos >= len(body) or body[pos] != 0x12:
+        return None
+    m = _SHORT_STRING.match(body, pos + 1)
     if m:
         end = m.end()
         return body[end : end + m.group(1)[0]]
     try:
-        value = _string_at(body, pos)
+        value = _string_at(body, pos + 1)
     except (ValueError, IndexError):
         return None
     return value.encode() if value is not None else None
 
 
+def value_before(body: bytes, key_at: int, lo: int = 0) -> bytes | None:
+    """The string value written just before the key that starts at `key_at`, as the Collector
+    encodes a KeyValue: `0x12 <n+2> 0x0a <n> value` then the key. Short strings only (n < 126);
+    the C accelerator's `short_value_before` mirrors this byte for byte."""
+    for n in range(126):
+        start = key_at - n
+        if start - 4 < lo:
+            return None
+        if body[start - 4 : start] == bytes((0x12, n + 2, 0x0A, n)):
+            return body[start:key_at]
+    return None
+
+
+def _value_decoded(body: bytes, attr: str) -> bytes | None:
+    """The value read the long way, by decoding the span: any field order, any length."""
+    try:
+        span = PbSpan.FromString(body)
+    except DecodeError:
+        return None
+    for kv in span.attributes:
+        if kv.key == attr:
+            v = kv.value
+            if v.HasField("array_value") and v.array_value.values:
+                v = v.array_value.values[0]
+            return v.string_value.encode() if v.HasField("string_value") else None
+    return None
+
+
 _KEY_FINDERS = tuple(needle for _attr, needle in KEY_NEEDLES)
+_KEY_ATTR = {needle: attr for attr, needle in KEY_NEEDLES}
 
 
 KeyPair = tuple[str | None, str | None]
@@ -243,6 +278,10 @@ def _request_key(
         if at < 0:
             continue
         raw = _value_after(body, at + len(needle))
+        if raw is None:
+            raw = value_before(body, at)
+        if raw is None:
+            raw = _value_decoded(body, _KEY_ATTR[needle])
         if raw is None:
             continue
         pair = cache.get(raw)
