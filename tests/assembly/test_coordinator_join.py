@@ -241,3 +241,23 @@ def test_the_epp_profile_header_names_an_unlabelled_engines_leg() -> None:
             span.attributes["llm_d.coordinator.phase"] = "prefill"
     (req,) = assemble(spans)
     assert req.prefill.span_id == f"{(1 << 8) + 5:016x}"
+
+
+def test_a_traced_clients_phases_in_one_trace_are_one_request() -> None:
+    """A traced client's `traceparent` reaches both phases (the coordinator forwards it,
+    pipeline/context.go): both EPP roots are its span's children in one trace."""
+    client = _span(1, 0xF0, "client", -1, 3100, {}, service="loadgen", peer=None, kind=3)
+    spans = [client]
+    for leg, start, offset in (("prefill", 0.0, 0), ("decode", 57.0, 0x10)):
+        for span in _phase(1, leg, start, engine_peer=PREFILL_IP if leg == "prefill" else DECODE_IP):
+            n = int(span.span_id, 16) - (1 << 8) + offset
+            span.span_id = f"{(1 << 8) + n:016x}"
+            if span.parent_span_id is None:
+                span.parent_span_id = client.span_id
+            else:
+                span.parent_span_id = f"{int(span.parent_span_id, 16) + offset:016x}"
+            spans.append(span)
+    spans += _kv(3, 65, peer=DECODE_IP, remote=PREFILL_IP)
+    (req,) = assemble(spans)
+    assert req.prefill.span_id and req.decode.span_id and req.kv is not None
+    assert req.e2e_s is not None and req.e2e_s > 3.0

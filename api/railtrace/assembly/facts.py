@@ -408,12 +408,13 @@ def _one_process(a: Span, b: Span) -> bool:
 def _phases(req: _Request, top: Span) -> tuple[Span, Span] | None:
     """(prefill phase's EPP root, decode phase's EPP root) of a request llm-d's coordinator
     sent as two phases (docs/normalisation.md §10): the decode engine's nearest EPP root is
-    another trace's than `top`, the prefill phase's root. None for any other request."""
+    another than `top`, the prefill phase's root (in another trace, or beside it under a
+    traced client's span). None for any other request."""
     engine = req.engine.get(ROLE.DECODE)
-    if engine is None or top.role != ROLE.GATEWAY or engine.trace_id == top.trace_id:
+    if engine is None or top.role != ROLE.GATEWAY:
         return None
     root = next((a for a in req.trees.ancestors(engine) if a.role == ROLE.GATEWAY), None)
-    if root is None or root.trace_id == top.trace_id:
+    if root is None or root is top:
         return None
     return top, root
 
