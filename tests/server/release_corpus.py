@@ -561,3 +561,133 @@ def emit_p2p(
     for p in (epp, sidecar, otelhttp, engine, worker):
         p.close()
     return ids
+
+
+def emit_coordinator(
+    url: Endpoints,
+    prefill: Pod,
+    decode: Pod,
+    *,
+    rid: str | None = None,
+    phases: tuple[str, ...] = ("prefill", "decode"),
+    start_ms: float = 0.0,
+    decode_sender: str | None = None,
+    kv: bool = True,
+    transport: str = "rdma",
+    decode_candidates: list[Pod] | None = None,
+) -> dict[str, Any]:
+    """One request of llm-d's coordinator at router HEAD `ebab687927f5` for an untraced client:
+    each phase its own trace, sharing only `x-request-id`; returns its ids.
+
+    What upstream sends (llm-d-router @ ebab687927f5; docs/normalisation.md §10): the
+    coordinator emits no span (no file of pkg/coordinator or cmd/coordinator imports
+    OpenTelemetry); it keeps the client's `x-request-id` or makes a UUID
+    (pkg/coordinator/server/handlers.go l.44, l.72-77) and sends each phase back through the
+    gateway with it and `EPP-Profile: prefill|decode` (steps/prefill.go l.100-102,
+    steps/decode_proxy.go l.68-72, gateway/paths.go l.26-32). The EPP runs once per phase:
+    its root `gateway.request` (pkg/epp/handlers/server.go l.459-460) with the profile the
+    header names (`run_scheduler_profile`, pkg/epp/scheduling/scheduler.go l.153-155;
+    headerprofile/header_profile_handler.go l.41) and injects its context into the headers
+    Envoy forwards (pkg/epp/handlers/request.go l.127-130), so each engine's `llm_request` is
+    the root's child. No sidecar: the coordinator replaces it (docs/coordinator_architecture.md
+    l.419). The prefill phase asks for one token (steps/prefill.go l.181); decode pulls the KV
+    cache with the `kv_transfer_params` prefill returned (l.124), so the KV shim's span on the
+    decode worker names the prefill pod as its peer.
+
+    `phases`: which phases to send now (a late phase is sent by a second call with the same
+    `rid`); `start_ms`: when the first one sent starts; `decode_sender`: the decode engine's
+    and its worker's sender address instead of the decode pod's (a forger's); `kv`: send the
+    decode worker's KV span; `decode_candidates`: the decode pick's ranking (equal scores), by
+    default the decode pod alone."""
+    rid = rid or str(uuid.uuid4())
+    public = f"chatcmpl-{rid}"  # vLLM keeps the first x-request-id
+    ids: dict[str, Any] = {"epp_id": rid, "public": public, "traces": []}
+    epp = Process(
+        url,
+        {"service.name": "llm-d-router/epp", "k8s.namespace.name": "llm-d"},
+        "llm-d-router/pkg/epp/handlers",
+        None,
+        grpc=True,
+    )
+    director = epp.provider.get_tracer("llm-d-router/pkg/epp/requestcontrol")
+    scheduler = "llm-d-router/pkg/epp/scheduling"
+    processes = [epp]
+    at = start_ms
+    for phase in phases:
+        pod = prefill if phase == "prefill" else decode
+        sender = decode_sender if phase == "decode" and decode_sender else pod.ip
+        engine = Process(url, vllm_resource(f"vllm-{phase}"), "vllm.tracing.otel", sender)
+        processes.append(engine)
+        length = 50.0 if phase == "prefill" else 3000.0
+        attrs = {"gen_ai.request.id": rid}
+        ranked = (decode_candidates if phase == "decode" else None) or [pod]
+        root = epp.tracer.start_span(
+            "gateway.request", kind=trace.SpanKind.SERVER, start_time=T0 + int(at * MS)
+        )
+        orch = director.start_span(
+            "gateway.request_orchestration",
+            context=trace.set_span_in_context(root),
+            kind=trace.SpanKind.SERVER,
+            attributes=attrs,
+            start_time=T0 + int((at + 0.1) * MS),
+        )
+        profile = epp.span(
+            "run_scheduler_profile",
+            at + 0.13,
+            at + 0.2,
+            {"llm_d.epp.scheduling.profile.name": phase},
+            orch,
+            scope=scheduler,
+        )
+        epp.span(
+            "pick_endpoints",
+            at + 0.15,
+            at + 0.19,
+            {
+                **attrs,
+                "llm_d.epp.picker.top_endpoints": [f"llm-d/{c.name}-rank-0" for c in ranked],
+                "llm_d.epp.picker.top_scores": [1.0] * len(ranked),
+            },
+            profile,
+            scope=scheduler,
+        )
+        orch.end(end_time=T0 + int((at + 0.4) * MS))
+        if phase == "prefill":
+            body = llm_request(1, 1, 0.045, 0.001, 0.047, public)
+        else:
+            body = llm_request(512, 200, 0.343, 0.322, 2.946, public)
+        span = engine.span("llm_request", at + 1, at + length - 1, body, root, trace.SpanKind.SERVER)
+        root.end(end_time=T0 + int((at + length) * MS))
+        ids[f"{phase}_trace"] = format(root.context.trace_id, "032x")
+        ids[f"{phase}_span"] = format(span.context.span_id, "016x")
+        ids["traces"].append(ids[f"{phase}_trace"])
+        if phase == "decode" and kv:
+            worker = Process(
+                url,
+                {
+                    **vllm_resource("vllm-decode"),
+                    "vllm.process_kind": "worker",
+                    "vllm.process_name": "Worker_0",
+                },
+                "railtrace.kv_transfer",
+                sender,
+            )
+            processes.append(worker)
+            kv_span = worker.span(
+                "llm_d.kv_transfer",
+                at + 8,
+                at + 60,
+                {
+                    "llm_d.kv_transfer.request_id": f"{public}-99ae74c8",  # vLLM's engine id
+                    "llm_d.kv_transfer.transport": transport,
+                    "llm_d.kv_transfer.operation": "read",
+                    "llm_d.kv_transfer.bytes": 268_435_456,
+                    "llm_d.kv_transfer.remote.host": prefill.ip,
+                },
+            )
+            ids["kv_trace"] = format(kv_span.context.trace_id, "032x")
+            ids["traces"].append(ids["kv_trace"])
+        at += length + 3.0  # the coordinator reads the prefill response, then sends decode
+    for p in processes:
+        p.close()
+    return ids

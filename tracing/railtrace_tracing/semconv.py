@@ -443,6 +443,15 @@ ERROR_TYPE = _attr("error.type", "string", "Error class on failure.", origin="ot
 HTTP_REQUEST_ID_HEADER = _attr(
     "http.request.header.x-request-id", "string[]", "x-request-id request header.", origin="otel"
 )
+# A gateway or proxy that records request headers (OTel HTTP semconv `http.request.header.<key>`)
+# shows the llm-d coordinator's phase header, `EPP-Profile` (llm-d-router
+# pkg/coordinator/gateway/paths.go @ ebab687927f5 l.26-32); the EPP itself records none.
+HTTP_EPP_PROFILE_HEADER = _attr(
+    "http.request.header.epp-profile",
+    "string[]",
+    "EPP-Profile request header (coordinator phase).",
+    origin="otel",
+)
 SERVER_ADDRESS = _attr("server.address", "string", "Server host.", origin="otel")
 SERVER_PORT = _attr("server.port", "int", "Server port.", origin="otel")
 HTTP_REQUEST_METHOD = _attr("http.request.method", "string", "HTTP method.", origin="otel")

@@ -389,12 +389,48 @@ def _timing(req: _Request, kv: KVFacts | None, top: Span) -> tuple[_Timing, floa
                 d_model, d_model_src = e2e - d_raw_queue, f"{e2e_src} - {d_queue_src.split(' - ')[0]}"
     t.put(STAGE.DECODE, d_model, d_model_src)
 
-    # End to end: the outermost hop's own span.
+    # End to end: the outermost hop's own span (a coordinator's phases: `_phases_e2e`).
     e2e_s = top.duration_s
     t.sources["e2e"] = f"span:{_ref(top)}"
+    phases = _phases(req, top)
+    if phases is not None:
+        e2e_s, t.sources["e2e"] = _phases_e2e(*phases)
 
     ttft_s = _ttft(req, t)
     return t, ttft_s, e2e_s
+
+
+def _one_process(a: Span, b: Span) -> bool:
+    """Sent by one process, as far as the spans tell: same service and same resource."""
+    return a.service_name == b.service_name and a.resource == b.resource
+
+
+def _phases(req: _Request, top: Span) -> tuple[Span, Span] | None:
+    """(prefill phase's EPP root, decode phase's EPP root) of a request llm-d's coordinator
+    sent as two phases (docs/normalisation.md §10): the decode engine's nearest EPP root is
+    another than `top`, the prefill phase's root (in another trace, or beside it under a
+    traced client's span). None for any other request."""
+    engine = req.engine.get(ROLE.DECODE)
+    if engine is None or top.role != ROLE.GATEWAY:
+        return None
+    root = next((a for a in req.trees.ancestors(engine) if a.role == ROLE.GATEWAY), None)
+    if root is None or root is top:
+        return None
+    return top, root
+
+
+def _phases_e2e(first: Span, last: Span) -> tuple[float, str]:
+    """A coordinator request's end to end from its two EPP roots: first start to last end
+    when one EPP process sent both (one clock), else the sum of the phases' own durations,
+    which leaves out the untraced coordinator's time between them."""
+    if _one_process(first, last):
+        value = max(0.0, (last.end_ns - first.start_ns) / 1e9)
+        return value, f"span:{_ref(first)}..{_ref(last)} (coordinator phases, one process)"
+    return (
+        first.duration_s + last.duration_s,
+        f"span:{_ref(first)} + span:{_ref(last)} (coordinator phases, two processes: the time "
+        "between them not counted)",
+    )
 
 
 def _bounded_offset(outer: Span, inner: Span) -> tuple[float, str]:
@@ -420,6 +456,22 @@ def _ttft(req: _Request, t: _Timing) -> float | None:
     sidecar = req.sidecar_top()
     next_hop = sidecar or req.engine.get(ROLE.PREFILL) or req.engine.get(ROLE.DECODE)
     gateway = _first(req.gateways)
+    phases = _phases(req, gateway) if gateway is not None and sidecar is None else None
+    if phases is not None:
+        # A coordinator's phases: the prefill phase and the untraced coordinator's time up to
+        # the decode phase measured on the EPP's clock, then into the decode engine.
+        first, last = phases
+        decode = req.engine[ROLE.DECODE]
+        if _one_process(first, last):
+            total += max(0.0, (last.start_ns - first.start_ns) / 1e9)
+            parts.append(f"span:{_ref(first)}..{_ref(last)} start offset (one process)")
+            offset, note = _bounded_offset(last, decode)
+            total += offset
+            parts.append(note)
+            total += max(0.0, d_ttft)
+            parts.append(d_ttft_src)
+            t.sources["ttft"] = " + ".join(parts)
+            return round(total, 6)
     if gateway is not None and next_hop is not None:
         offset, note = _bounded_offset(gateway, next_hop)
         total += offset
@@ -871,7 +923,7 @@ def build(spans: Sequence[Span], notes: JoinNotes | None = None) -> RequestFacts
         request_id=_request_id(req),
         model=_model(req),
         start_ns=top.start_ns,
-        end_ns=max(top.end_ns, top.start_ns),
+        end_ns=max(top.end_ns, top.start_ns, *(p.end_ns for p in _phases(req, top) or ())),
         ttft_s=ttft_s,
         e2e_s=round(e2e_s, 6) if e2e_s is not None else None,
         breakdown_s=timing.stages,

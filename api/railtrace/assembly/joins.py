@@ -20,6 +20,14 @@ model"). The rules, applied to the traces (units) that share a key:
   verified one exists. A KV unit that fits several requests sharing its id joins the one where
   it is verified: an unverified request (a forger's own, with the victim's ids) cannot take it.
 - A unit with no request hop at all (unknown spans that merely carry the id) joins nothing.
+- The one exception to the first rule is llm-d's coordinator (docs/normalisation.md §10): it
+  sends each phase back through the gateway, untraced, so an untraced client's request
+  arrives as two whole units sharing only `x-request-id` -- a prefill phase (its own EPP
+  root tied to a prefill engine only) and a decode phase (its own EPP root tied to a decode
+  engine only). Such a pair is merged only when a KV span the runner of the transfer sent
+  names the other phase's engine as its peer (`_link`), or, where an engine carries no
+  identity, unverified; each phase must be the other's only such partner, so a third phase
+  of either kind stays out (in `coverage.rejected`).
 
 Pure functions of the spans, like the rest of assembly.
 """
@@ -348,8 +356,13 @@ def admit(units: dict[str, list[Span]]) -> list[tuple[list[Span], JoinNotes]]:
     if not live:
         return out
     wholes = [u for u in live if u.whole]
+    pairs: list[tuple[Unit, Unit, int, str]] = []
+    early: dict[str, JoinNotes] = {}
     if wholes:
         cores, fragments = wholes, [u for u in live if not u.whole]
+        pairs, early = _coordinator_pairs(wholes, [s for u in live for s in u.kv])
+        joined_phases = {id(p) for p, _d, _s, _b in pairs}
+        cores = [u for u in cores if id(u) not in joined_phases]
     else:
         # The best-ranked unit is the core. Another of its kind that brings the same hop (two
         # decode engines of one id, two sidecar traces) is a request of its own, not a member:
@@ -361,7 +374,15 @@ def admit(units: dict[str, list[Span]]) -> list[tuple[list[Span], JoinNotes]]:
             same = _rank(unit)[0] == kind and bool(set(unit.slots) & set(ordered[0].slots))
             (cores if same else fragments).append(unit)
     merged = [_Merged(c) for c in cores]
-    notes = [JoinNotes() for _ in cores]
+    notes = [early.get(c.uid) or JoinNotes() for c in cores]
+    # A coordinator's prefill phase joins its decode phase's request (checked in `_link`).
+    where = {c.uid: i for i, c in enumerate(cores)}
+    for prefill, decode, status, basis in pairs:
+        i = where[decode.uid]
+        merged[i].add(prefill)
+        notes[i].merge(early.get(prefill.uid) or JoinNotes())
+        if status == UNKNOWN:
+            notes[i].unverify(f"{prefill.describe()} joined as the coordinator's prefill phase; {basis}")
     fragments.sort(key=lambda u: (u.start_ns, u.uid))
 
     # Slot-filling fragments: each goes to the one request it fits (no hop it brings is there
@@ -445,6 +466,137 @@ def admit(units: dict[str, list[Span]]) -> list[tuple[list[Span], JoinNotes]]:
         spans = [s for u in m.units for s in u.spans if id(s) not in drop]
         out.append((spans, n))
     return out
+
+
+# -- The coordinator's phases (llm-d-router cmd/coordinator; docs/normalisation.md §10) -------
+# The scheduling profile a phase ran: the EPP's `run_scheduler_profile` names it (the header
+# profile handler runs the profile `EPP-Profile` names, headerprofile/header_profile_handler.go
+# @ ebab687927f5 l.41), and a gateway that records request headers shows the header itself.
+# No `llm_d.coordinator.*` attribute exists at that commit: none is read.
+PHASE_PROFILE_ATTRIBUTES = (semconv.EPP_PROFILE_NAME, semconv.HTTP_EPP_PROFILE_HEADER)
+
+
+def _profiles(unit: Unit) -> set[str]:
+    """The phases the unit's EPP spans name (`prefill`, `decode`), lower case."""
+    found: set[str] = set()
+    for span in unit.epp:
+        for key in PHASE_PROFILE_ATTRIBUTES:
+            raw = span.attributes.get(key)
+            for value in raw if isinstance(raw, list) else (raw,):
+                if isinstance(value, str) and value.strip().lower() in (ROLE.PREFILL, ROLE.DECODE):
+                    found.add(value.strip().lower())
+    return found
+
+
+def _phase(unit: Unit) -> tuple[str, Span] | None:
+    """(leg, engine span) when the unit is one coordinator phase: a whole unit of one EPP root
+    tied to one engine, with no sidecar (the coordinator replaces it, llm-d-router
+    docs/coordinator_architecture.md @ ebab687927f5 l.419; coordinator-epd/patch-decode.yaml
+    removes it) and no EPP profile naming the other leg. An engine whose leg its own span does
+    not tell takes the leg the EPP's profile names."""
+    if not unit.whole or unit.sidecar or len(unit.engines) + len(unit.unlabelled) != 1:
+        return None
+    if sum(1 for s in unit.epp if s.role == ROLE.GATEWAY) != 1:
+        return None
+    named = _profiles(unit)
+    if unit.engines:
+        ((leg, engine),) = unit.engines.items()
+    elif len(named) == 1:
+        leg, engine = next(iter(named)), unit.unlabelled[0]
+    else:
+        return None
+    return (leg, engine) if named <= {leg} else None
+
+
+def _link(prefill: Span, decode: Span, kv: Sequence[Span]) -> tuple[int, str]:
+    """Whether a prefill phase's and a decode phase's engines are one request's two legs: a KV
+    span sent by the engine that ran the transfer (decode for a pull, prefill for a push) that
+    names the other engine as its peer (`llm_d.kv_transfer.remote.host`) verifies the pair,
+    one naming another peer contradicts it. Without such a span the pair is unverified, which
+    counts only where an engine carries no identity (docs/reliability.md §11)."""
+    ids = {ROLE.PREFILL: identity(prefill), ROLE.DECODE: identity(decode)}
+    results: list[bool | None] = []
+    basis: list[str] = []
+    for span in kv:
+        leg = _kv_leg(span)
+        peer_leg = ROLE.DECODE if leg == ROLE.PREFILL else ROLE.PREFILL
+        if agree(identity(span), ids[leg]) is not True:
+            continue  # not this engine's transfer: the KV rules judge it
+        remote = _host(span.attributes.get(semconv.KV_REMOTE_HOST))
+        if remote is None:
+            continue
+        results.append(agree(Identity(None, frozenset({remote.lower()})), ids[peer_leg]))
+        basis.append(
+            f"{_ref(span)} from the {leg} engine names peer {remote}, the {peer_leg} engine is "
+            f"{ids[peer_leg].describe()}"
+        )
+    status = _fold(results)
+    if status == UNKNOWN:
+        basis.append("no KV span of the engine that ran the transfer names the other phase's engine")
+        if ids[ROLE.PREFILL] and ids[ROLE.DECODE]:
+            status = CONTRADICTED  # both legs have an identity: only a KV span may link them
+    return status, "; ".join(basis)
+
+
+def _coordinator_pairs(
+    wholes: Sequence[Unit], kv: Sequence[Span]
+) -> tuple[list[tuple[Unit, Unit, int, str]], dict[str, JoinNotes]]:
+    """The coordinator's phase pairs among whole units that share a request id: (prefill
+    unit, decode unit, VERIFIED or UNKNOWN, basis), and notes for the phases left out. A pair
+    is made only where each is the other's one best partner (a second phase of the same
+    standing leaves both out); a pair not linked (`_link`) is not made."""
+    phases: dict[str, list[tuple[Unit, Span]]] = {ROLE.PREFILL: [], ROLE.DECODE: []}
+    for unit in wholes:
+        found = _phase(unit)
+        if found is not None:
+            phases[found[0]].append((unit, found[1]))
+    notes: dict[str, JoinNotes] = {}
+    if not phases[ROLE.PREFILL] or not phases[ROLE.DECODE]:
+        return [], notes
+    links = {
+        (p.uid, d.uid): _link(pe, de, kv) for p, pe in phases[ROLE.PREFILL] for d, de in phases[ROLE.DECODE]
+    }
+
+    def best(uid: str, own: int) -> tuple[str, int, int] | None:
+        """The one partner of best standing, with that standing and how many share it."""
+        fits = [
+            (key[1 - own], st) for key, (st, _) in links.items() if key[own] == uid and st != CONTRADICTED
+        ]
+        top = min((st for _, st in fits), default=CONTRADICTED)
+        leaders = [k for k, st in fits if st == top]
+        return (leaders[0], top, 1) if len(leaders) == 1 else (("", top, len(leaders)) if leaders else None)
+
+    pairs: list[tuple[Unit, Unit, int, str]] = []
+    units = {u.uid: u for u, _ in phases[ROLE.PREFILL] + phases[ROLE.DECODE]}
+    paired: set[str] = set()
+    for p, _pe in phases[ROLE.PREFILL]:
+        mine = best(p.uid, 0)
+        if mine is None or mine[2] != 1:
+            continue
+        theirs = best(mine[0], 1)
+        if theirs is not None and theirs[2] == 1 and theirs[0] == p.uid:
+            status, basis = links[(p.uid, mine[0])]
+            pairs.append((p, units[mine[0]], status, basis))
+            paired |= {p.uid, mine[0]}
+    for uid, unit in units.items():
+        if uid in paired:
+            continue
+        leg = ROLE.PREFILL if any(u is unit for u, _ in phases[ROLE.PREFILL]) else ROLE.DECODE
+        own = 0 if leg == ROLE.PREFILL else 1
+        tried = [(key[1 - own], links[key]) for key in links if key[own] == uid]
+        contradicted = [f"{units[o].describe()}: {b}" for o, (st, b) in tried if st == CONTRADICTED]
+        rivals = best(uid, own)
+        if rivals is not None and rivals[2] > 1:
+            why = f"{rivals[2]} phases of the other leg are linked to it with the same standing"
+        elif rivals is not None:
+            why = "another " + leg + " phase is linked to its partner as well or better"
+        else:
+            why = "no phase of the other leg is linked to it (" + "; ".join(contradicted[:2]) + ")"
+        note = f"{unit.describe()} not joined as the coordinator's {leg} phase: {why}"
+        for other in paired:
+            notes.setdefault(other, JoinNotes()).reject(note)
+        notes.setdefault(uid, JoinNotes()).reject(note)
+    return pairs, notes
 
 
 def _check_kv_unit(unit: Unit, merged: _Merged) -> int:

@@ -410,8 +410,11 @@ def _decode_pick(ctx: _Ctx) -> RouterPick | None:
 
 
 def _candidate_node(ctx: _Ctx, c: Candidate) -> str | None:
-    if c.pod:
-        pods = ctx.topology.pods_named(c.pod)
+    """A candidate's node: its pod (the router shim's, else the pod llm-d's endpoint id
+    `<namespace>/<pod>-rank-<i>` names, as `_dispatched` reads it), else its address."""
+    name = c.pod or endpoint_pod(c.endpoint)
+    if name:
+        pods = ctx.topology.pods_named(name)
         if len(pods) == 1 and pods[0].node:
             return pods[0].node
     pod, node, _ = resolve_address(ctx.topology, c.endpoint)
