@@ -220,6 +220,7 @@ def run_demo(
         report = build_report(
             fleet, sim, summaries, svc.http_url, generation, seed, time.monotonic() - started
         )
+        report["incidents"] = incident_report(svc.http_url, fleet, chosen, summaries, base_ns)
         report["release"] = RELEASES[generation]
         report["coverage"] = coverage_report(summaries, recipe, resources)
         if include_requests:
@@ -229,6 +230,52 @@ def run_demo(
         if keep_serving:
             _serve_until_interrupted(svc.http_url, svc.grpc_endpoint, workdir)
     return report
+
+
+def incident_report(
+    http_url: str, fleet: Fleet, chosen: list[Any], summaries: dict[str, dict[str, Any]], since_ns: int
+) -> dict[str, Any]:
+    """The service's incidents over the run, scored against the injected faults, and the cost
+    story in seconds and GPU-hours (docs/simulator.md, "Incidents against ground truth")."""
+    from railtrace.simulator.truth import injected_faults, localisation
+
+    items: list[dict[str, Any]] = []
+    params: dict[str, Any] = {"since": since_ns / 1e9, "until": time.time() + 1, "limit": 500}
+    with httpx.Client(base_url=http_url, timeout=60) as client:
+        while True:
+            page = client.get("/api/v1/incidents", params=params).raise_for_status().json()
+            items += page["items"]
+            if not page["next_cursor"]:
+                break
+            params["cursor"] = page["next_cursor"]
+    by_cause: dict[str, dict[str, float]] = {}
+    for inc in items:
+        acc = by_cause.setdefault(inc["cause"], {"incidents": 0, "seconds_lost": 0.0, "gpu_hours_lost": 0.0})
+        acc["incidents"] += 1
+        acc["seconds_lost"] += inc["seconds_lost"]
+        acc["gpu_hours_lost"] += inc["gpu_hours_lost"]
+    costs = [s.get("cost") or {} for s in summaries.values()]
+    tcp = [
+        s.get("cost") or {}
+        for s in summaries.values()
+        if any(f["name"] == FlagName.TCP_FALLBACK for f in s.get("flags", []))
+    ]
+    return {
+        "count": len(items),
+        "by_cause": {k: {n: round(v, 6) for n, v in acc.items()} for k, acc in sorted(by_cause.items())},
+        "top": [
+            {k: inc[k] for k in ("id", "cause", "scope", "requests", "seconds_lost", "gpu_hours_lost", "next_step")}
+            for inc in items[:5]
+        ],
+        "localisation": localisation(items, fleet, injected_faults(fleet, chosen)),
+        "story": {
+            "tcp_fallback_requests": len(tcp),
+            "tcp_fallback_ttft_s_lost": round(sum(c.get("ttft_s_lost") or 0 for c in tcp), 6),
+            "tcp_fallback_gpu_hours_lost": round(sum(c.get("gpu_s_lost") or 0 for c in tcp) / 3600, 9),
+            "aligning_saves_ttft_s": round(sum(c.get("ttft_s_lost") or 0 for c in costs), 6),
+            "aligning_saves_gpu_hours": round(sum(c.get("gpu_s_lost") or 0 for c in costs) / 3600, 9),
+        },
+    }
 
 
 def _detail(r: SimRequest, summary: dict[str, Any]) -> dict[str, Any]:
@@ -572,6 +619,26 @@ def format_report(rep: dict[str, Any]) -> str:
         for fl in w["flags"]:
             out.append(f"    {fl['name']}: {fl['evidence']}")
         out.append(f"    {w['url']}")
+    inc = rep.get("incidents")
+    if inc:
+        loc, st = inc["localisation"], inc["story"]
+        out += ["", f"incidents: {inc['count']} (open and ended, biggest cost first)"]
+        for i in inc["top"]:
+            out.append(
+                f"  {i['cause']:<24}{i['scope']['kind']:<10}{i['requests']:>5} req  "
+                f"{i['seconds_lost']:.2f} s lost  {i['gpu_hours_lost'] * 3600:.1f} GPU-s  → {i['next_step'][:90]}"
+            )
+        out.append(f"  scope vs injected faults: precision {loc['precision']}  recall {loc['recall']}")
+        for name, row in loc["per_scenario"].items():
+            out.append(
+                f"    {name:<16} faults {row['faults']}  incidents {row['incidents']}  "
+                f"precision {row['precision']}  recall {row['recall']}"
+            )
+        out.append(
+            f"  TCP fallback: {st['tcp_fallback_requests']} requests lost {st['tcp_fallback_ttft_s_lost']:.2f} s "
+            f"of TTFT and {st['tcp_fallback_gpu_hours_lost'] * 3600:.1f} GPU-seconds; aligning every path "
+            f"would save {st['aligning_saves_ttft_s']:.2f} s and {st['aligning_saves_gpu_hours'] * 3600:.1f} GPU-s"
+        )
     cov = rep.get("coverage")
     if cov:
         why = ", ".join(f"{k} {v}" for k, v in cov["not_full"].items()) or "none"
