@@ -33,10 +33,13 @@ WHOLE_SHARE = 0.9
 COVERED = 0.9
 HEALTHY_RUN = 3
 # Part kinds, smallest first (the order ties are broken in); the kinds each cause can be explained by.
-KINDS = ("nic", "pod", "node", "pool_pair", "rail")
+KINDS = ("nic", "pod", "node", "pool", "pool_pair", "rail")
+# One pool (a role's workload) is a candidate only for a broken trace: an exporter or a release
+# belongs to one pool's processes, while a KV path has both ends.
+PATH_KINDS = ("nic", "pod", "node", "pool_pair", "rail")
 KINDS_FOR: Mapping[str, tuple[str, ...]] = {
     FlagName.TOPOLOGY_BLIND_PAIRING.value: ("pool_pair",),
-    FlagName.BROKEN_TRACE.value: ("pod", "node", "pool_pair"),
+    FlagName.BROKEN_TRACE.value: ("pod", "node", "pool", "pool_pair"),
 }
 # One cause per request for its seconds, so that sums over causes count a second once.
 PRIMARY = (
@@ -76,6 +79,11 @@ class Record:
         """The parts this request went through, each with the leg it belongs to."""
         out: list[tuple[Part, str | None]] = []
         for kind in kinds:
+            if kind == "pool":
+                for role, pool in zip(("prefill", "decode"), self.pools, strict=True):
+                    if pool:
+                        out.append((("pool", role, pool), role))
+                continue
             if kind == "pool_pair":
                 if self.pools[0] or self.pools[1]:
                     out.append((("pool_pair", self.pools[0] or "", self.pools[1] or ""), None))
@@ -115,7 +123,8 @@ def record_of(summary: Mapping[str, Any], pool_of: Any = None) -> Record:
         flags={str(f.get("name")): str(f.get("evidence") or "") for f in summary.get("flags") or []},
         legs=legs,
         pools=(pools[0], pools[1]),
-        side=cost.get("side"),
+        # NIXL pulls on decode: the side of a transfer whose cost names none.
+        side=cost.get("side") or "decode",
         ttft_s_lost=float(cost.get("ttft_s_lost") or 0.0),
         kv_s_lost=float(cost.get("kv_s_lost") or 0.0),
         gpu_s_lost=float(cost.get("gpu_s_lost") or 0.0),
@@ -171,7 +180,7 @@ def group(records: Sequence[Record], causes: Iterable[str] | None = None) -> lis
 
 
 def _group_cause(ordered: Sequence[Record], cause: str) -> list[Incident]:
-    kinds = KINDS_FOR.get(cause, KINDS)
+    kinds = KINDS_FOR.get(cause, PATH_KINDS)
     share = SHARE.get(cause, DEFAULT_SHARE)
     through: dict[Part, list[Record]] = {}
     roles: dict[Part, set[str]] = {}
@@ -190,8 +199,8 @@ def _group_cause(ordered: Sequence[Record], cause: str) -> list[Incident]:
         n, k, _ids = stats[part]
         evidence = " ".join(r.flags[cause] for r in through[part] if cause in r.flags)[:4000]
         named = any(v and v in evidence for v in part[1:])
-        side = any(r.side in roles.get(part, ()) for r in through[part][:1])
-        return (KINDS.index(part[0]), -k / n, not named, not side, -k, part)
+        side = any(r.side in roles.get(part, ()) for r in through[part][:1]) or part[:2] == ("pool", "decode")
+        return (KINDS.index(part[0]), not side, -k / n, not named, -k, part)
 
     taken: list[Part] = []
     covered: set[str] = set()

@@ -20,6 +20,8 @@ def scope_of(inc: Incident) -> dict[str, Any]:
         scope.update(node=key[0], nic=key[1])
     elif kind in ("pod", "node", "rail"):
         scope[kind] = key[0]
+    elif kind == "pool":
+        scope.update(role=key[0], pool=key[1])
     elif kind == "pool_pair":
         scope.update(prefill_pool=key[0] or None, decode_pool=key[1] or None)
     elif kind == "request":
@@ -47,13 +49,15 @@ def _leg_in(inc: Incident, leg: dict[str, Any]) -> bool:
         return (leg.get("node"), leg.get("nic")) == (key[0], key[1])
     if kind in ("pod", "node", "rail"):
         return bool(leg.get(kind) == key[0])
-    return True
+    return True  # a pool's legs are chosen by role (`inc.roles`)
 
 
 def name_of(scope: dict[str, Any]) -> str:
     kind = scope["kind"]
     if kind == "nic":
         return f"NIC {scope['nic']} on node {scope['node']}"
+    if kind == "pool":
+        return f"{scope['role']} pool {scope['pool']}"
     if kind == "pool_pair":
         return f"pool pair {scope.get('prefill_pool')} → {scope.get('decode_pool')}"
     if kind == "request":

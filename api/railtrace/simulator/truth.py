@@ -60,16 +60,19 @@ def localisation(incidents: list[dict[str, Any]], fleet: Fleet, faults: list[Fau
         faulty.setdefault(f.scenario, set()).update(f.pods)
         per[f.scenario]["faults"] += 1
     named: set[str] = set()
+    scoped = [i for i in incidents if i["scope"].get("kind") != "request"]
+    scoped_ok = 0
     for inc in incidents:
         pods = set(inc["scope"].get("pods") or [])
         scenarios = {scenario_of.get(p) for p in pods}
-        name = next(iter(scenarios)) if len(scenarios) == 1 else None
+        only = next(iter(scenarios)) if len(scenarios) == 1 else None
         ok = bool(pods) and any(pods <= f.pods for f in faults)
         named |= pods if ok else set()
+        scoped_ok += ok and inc["scope"].get("kind") != "request"
         for sc in scenarios:
             if sc in per:
                 per[sc]["incidents"] += 1
-                per[sc]["correct"] += ok and sc == name
+                per[sc]["correct"] += ok and sc == only
     for sc, pods in faulty.items():
         per[sc]["faulty_pods"] = len(pods)
         per[sc]["named"] = len(pods & named)
@@ -83,6 +86,9 @@ def localisation(incidents: list[dict[str, Any]], fleet: Fleet, faults: list[Fau
     return {
         "per_scenario": per,
         "precision": _ratio(total_ok, total_inc),
+        # Over the incidents a shared part explains (single-request ones left out).
+        "precision_scoped": _ratio(scoped_ok, len(scoped)),
+        "single_request": len(incidents) - len(scoped),
         "recall": _ratio(total_named, total_pods),
     }
 
