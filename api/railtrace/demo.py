@@ -220,6 +220,9 @@ def run_demo(
         report = build_report(
             fleet, sim, summaries, svc.http_url, generation, seed, time.monotonic() - started
         )
+        report["incidents"] = incident_report(
+            svc.http_url, fleet, chosen, summaries, base_ns, include_requests
+        )
         report["release"] = RELEASES[generation]
         report["coverage"] = coverage_report(summaries, recipe, resources)
         if include_requests:
@@ -231,6 +234,62 @@ def run_demo(
     return report
 
 
+def incident_report(
+    http_url: str,
+    fleet: Fleet,
+    chosen: list[Any],
+    summaries: dict[str, dict[str, Any]],
+    since_ns: int,
+    include_items: bool = False,
+) -> dict[str, Any]:
+    """The service's incidents over the run, scored against the injected faults, and the cost
+    story in seconds and GPU-hours (docs/simulator.md, "Incidents against ground truth")."""
+    from railtrace.simulator.truth import injected_faults, localisation
+
+    items: list[dict[str, Any]] = []
+    params: dict[str, Any] = {"since": since_ns / 1e9, "until": time.time() + 1, "limit": 500}
+    with httpx.Client(base_url=http_url, timeout=60) as client:
+        while True:
+            page = client.get("/api/v1/incidents", params=params).raise_for_status().json()
+            items += page["items"]
+            if not page["next_cursor"]:
+                break
+            params["cursor"] = page["next_cursor"]
+    by_cause: dict[str, dict[str, float]] = {}
+    for inc in items:
+        acc = by_cause.setdefault(inc["cause"], {"incidents": 0, "seconds_lost": 0.0, "gpu_hours_lost": 0.0})
+        acc["incidents"] += 1
+        acc["seconds_lost"] += inc["seconds_lost"]
+        acc["gpu_hours_lost"] += inc["gpu_hours_lost"]
+    costs = [s.get("cost") or {} for s in summaries.values()]
+    tcp = [
+        s.get("cost") or {}
+        for s in summaries.values()
+        if any(f["name"] == FlagName.TCP_FALLBACK for f in s.get("flags", []))
+    ]
+    return {
+        **({"items": items} if include_items else {}),
+        "count": len(items),
+        "by_cause": {k: {n: round(v, 6) for n, v in acc.items()} for k, acc in sorted(by_cause.items())},
+        "top": [
+            {
+                k: inc[k]
+                for k in ("id", "cause", "scope", "requests", "seconds_lost", "gpu_hours_lost", "next_step")
+            }
+            for inc in items[:5]
+        ],
+        "localisation": localisation(items, fleet, injected_faults(fleet, chosen)),
+        "kinds": dict(sorted(Counter(f"{i['cause']}/{i['scope']['kind']}" for i in items).items())),
+        "story": {
+            "tcp_fallback_requests": len(tcp),
+            "tcp_fallback_ttft_s_lost": round(sum(c.get("ttft_s_lost") or 0 for c in tcp), 6),
+            "tcp_fallback_gpu_hours_lost": round(sum(c.get("gpu_s_lost") or 0 for c in tcp) / 3600, 9),
+            "aligning_saves_ttft_s": round(sum(c.get("ttft_s_lost") or 0 for c in costs), 6),
+            "aligning_saves_gpu_hours": round(sum(c.get("gpu_s_lost") or 0 for c in costs) / 3600, 9),
+        },
+    }
+
+
 def _detail(r: SimRequest, summary: dict[str, Any]) -> dict[str, Any]:
     """One request's injected faults (ground truth) next to what the service reported."""
     return {
@@ -240,6 +299,8 @@ def _detail(r: SimRequest, summary: dict[str, Any]) -> dict[str, Any]:
         "flags": sorted({f["name"] for f in summary.get("flags", [])}),
         "trace_id": summary.get("trace_id"),
         "path_class": (summary.get("kv_transfer") or {}).get("path_class"),
+        "decode_pod": (summary.get("decode") or {}).get("pod"),
+        "cost": summary.get("cost"),
     }
 
 
@@ -572,6 +633,31 @@ def format_report(rep: dict[str, Any]) -> str:
         for fl in w["flags"]:
             out.append(f"    {fl['name']}: {fl['evidence']}")
         out.append(f"    {w['url']}")
+    inc = rep.get("incidents")
+    if inc:
+        loc, st = inc["localisation"], inc["story"]
+        out += ["", f"incidents: {inc['count']} (open and ended, biggest cost first)"]
+        for i in inc["top"]:
+            out.append(
+                f"  {i['cause']:<24}{i['scope']['kind']:<10}{i['requests']:>5} req  "
+                f"{i['seconds_lost']:.2f} s lost  {i['gpu_hours_lost'] * 3600:.1f} GPU-s  "
+                f"→ {i['next_step'][:90]}"
+            )
+        out.append(
+            f"  scope vs injected faults: precision {loc['precision']} (part-scoped only "
+            f"{loc['precision_scoped']}; {loc['single_request']} single-request)  recall {loc['recall']}"
+        )
+        for name, row in loc["per_scenario"].items():
+            out.append(
+                f"    {name:<16} faults {row['faults']}  incidents {row['incidents']}  "
+                f"precision {row['precision']}  recall {row['recall']}"
+            )
+        tcp_gpu_s, all_gpu_s = st["tcp_fallback_gpu_hours_lost"] * 3600, st["aligning_saves_gpu_hours"] * 3600
+        out.append(
+            f"  TCP fallback: {st['tcp_fallback_requests']} requests lost "
+            f"{st['tcp_fallback_ttft_s_lost']:.2f} s of TTFT and {tcp_gpu_s:.1f} GPU-seconds; aligning "
+            f"every path would save {st['aligning_saves_ttft_s']:.2f} s and {all_gpu_s:.1f} GPU-s"
+        )
     cov = rep.get("coverage")
     if cov:
         why = ", ".join(f"{k} {v}" for k, v in cov["not_full"].items()) or "none"

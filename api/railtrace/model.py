@@ -216,6 +216,8 @@ class RequestSummary:
     identity: dict[str, str | None] = field(default_factory=dict)
     resolved: bool = False
     coverage: dict[str, Any] = field(default_factory=dict)
+    # What the KV path cost against the aligned path (`verdicts.cost`); None without a transfer.
+    cost: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as JSON-ready dicts, like `dataclasses.asdict` but without its deep
@@ -250,6 +252,7 @@ class RequestSummary:
             "identity": dict(self.identity),
             "resolved": self.resolved,
             "coverage": dict(self.coverage),
+            "cost": None if self.cost is None else dict(self.cost),
         }
 
 

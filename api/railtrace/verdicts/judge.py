@@ -33,6 +33,7 @@ from railtrace.topology.identity import (
 )
 from railtrace.topology.model import MISALIGNED, NIC, Topology
 from railtrace.verdicts.config import VerdictConfig
+from railtrace.verdicts.cost import request_cost
 from railtrace_tracing import semconv as sc
 from railtrace_tracing.semconv import IDENTITY, PATH_CLASS, TRANSPORT, FlagName, TopologyLevel
 from railtrace_tracing.ucx import classify
@@ -66,6 +67,8 @@ class _Ctx:
     lanes: list[Lane] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     flags: list[Flag] = field(default_factory=list)
+    # Level of a comparable decode candidate nearer the prefill node than the one chosen.
+    closer: TopologyLevel | None = None
 
     @property
     def local(self) -> Endpoint:
@@ -487,6 +490,7 @@ def _blind_pairing(ctx: _Ctx) -> None:
             better.append((c, lvl))
     if better:
         c, lvl = min(better, key=lambda x: _LEVEL_RANK[x[1]])
+        ctx.closer = lvl
         ctx.flag(
             FlagName.TOPOLOGY_BLIND_PAIRING,
             f"span {pick.span_id} ({pick.source}) "
@@ -566,6 +570,22 @@ def judge(facts: RequestFacts, topology: Topology, config: VerdictConfig | None 
             evidence=evidence or None,
             source=leg_dict(ctx.source) if ctx.source is not None else None,
         )
+    cost = None
+    if kv is not None:
+        cost = request_cost(
+            topology,
+            cfg,
+            kv,
+            path_class,
+            transport,
+            ctx.flags,
+            ctx.local,
+            ctx.remote,
+            ctx.local_role,
+            facts.ttft_s,
+            facts.breakdown_s.get("kv_transfer"),
+            ctx.closer,
+        )
     identity = {"prefill": ctx.prefill.identity, "decode": ctx.decode.identity}
     if ctx.source is not None:
         identity["kv_source"] = ctx.source.identity
@@ -588,4 +608,5 @@ def judge(facts: RequestFacts, topology: Topology, config: VerdictConfig | None 
         identity=identity,
         resolved=all(ep.node and ep.gpu and ep.nic for ep in (ctx.prefill, ctx.decode)),
         coverage=_with_claims(facts, ctx),
+        cost=cost,
     )
