@@ -297,7 +297,7 @@ def evaluate(
             continue
         keys: list[tuple[Any, ...]] = [()]
         for attr in mq.by:
-            values = GROUP_BY[attr](s) or [None]
+            values: list[str | None] = [*GROUP_BY[attr](s)] or [None]
             keys = [(*k, v) for k in keys for v in values]
         for k in keys:
             groups.setdefault(k, [[] for _ in range(count)])[i].append(float(value))
@@ -307,7 +307,8 @@ def evaluate(
         labels = [_label(attr, v) for attr, v in zip(mq.by, key, strict=True)] or [
             _label("__name__", mq.function)
         ]
-        for q in mq.quantiles or [None]:
+        quantiles: list[float | None] = [*mq.quantiles] or [None]
+        for q in quantiles:
             points = [_aggregate(mq.function, b, step_s, q) for b in buckets]
             qlabels = labels + ([_label("p", q)] if q is not None else [])
             if instant:
