@@ -30,7 +30,7 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import add
 from typing import TYPE_CHECKING, Any
@@ -47,6 +47,7 @@ from prometheus_client.utils import INF, floatToGoString
 
 from railtrace.model import resolution_label
 from railtrace_tracing import semconv
+from railtrace_tracing.semconv import FlagName, PathClass
 
 if TYPE_CHECKING:
     from railtrace.model import RequestSummary
@@ -91,6 +92,23 @@ DEFAULT_MAX_SERIES = 400
 # Exception types counted apart in the assembly-failure metric (they come from the code, not
 # from senders; the bound only keeps an unforeseen variety from growing the family).
 ERROR_KINDS = 20
+
+# Series exposed at 0 from the start: those of counters whose label values are all known
+# beforehand, so that a panel or `rate()` over a healthy service reads 0, not "No data"
+# (throttling, rejections, flags). Families with a sender-chosen label (model, node) get their
+# series on first use.
+_PROTOCOLS = ("http", "grpc")
+_FLAG_SERIES: list[tuple[str, ...]] = [(flag.value, pc.value) for flag in FlagName for pc in PathClass]
+KNOWN_SERIES: dict[str, list[tuple[str, ...]]] = {
+    semconv.M_SPANS_RECEIVED: [(p,) for p in _PROTOCOLS],
+    semconv.M_THROTTLED: [(p,) for p in _PROTOCOLS],
+    semconv.M_EXPORTS: [(p, "ok") for p in _PROTOCOLS],
+    semconv.M_SPANS_REJECTED: [
+        (r,) for r in ("invalid_span", semconv.REJECT_TRACE_SPAN_LIMIT, "assembly_failed")
+    ],
+    semconv.M_FLAGS: _FLAG_SERIES,
+    semconv.M_FLAGS_RETRACTED: _FLAG_SERIES,
+}
 
 # Whether the topology knows a value of a bounded label's set: (set, value) -> bool.
 KnownValue = Callable[[str, str], bool]
@@ -520,6 +538,17 @@ class Metrics:
         self._spans_rejected: Counter = f[semconv.M_SPANS_REJECTED]
         self._throttled: Counter = f[semconv.M_THROTTLED]
         self._assembly_failures: Counter = f[semconv.M_ASSEMBLY_FAILURES]
+        if zero_series:
+            self._zero_known_series()
+
+    def _zero_known_series(self) -> None:
+        """Create the `KNOWN_SERIES` at 0, as prometheus_client does for `labels(...)`."""
+        with self._lock:
+            for name, keys in KNOWN_SERIES.items():
+                family = self.families[name]
+                for key in keys:
+                    if key not in family.series:
+                        family.create(key)
 
     def __getitem__(self, name: str) -> Any:
         return self.families[name]
@@ -561,13 +590,16 @@ class Metrics:
 
     # -- assembly ------------------------------------------------------------------------------
 
-    def request_assembled(self, new: dict[str, Any] | RequestSummary, old: dict[str, Any] | None) -> None:
+    def request_assembled(
+        self, new: dict[str, Any] | RequestSummary, old: dict[str, Any] | None, verdicts: bool = True
+    ) -> None:
         """Update verdict metrics for a (re)assembled request, counting only what changed.
 
         A re-assembly after late spans must not count the request twice: counters and
         histograms see the request once, and later only the flags, KV transfer and TTFT that
         were not there before. `new` is the summary as a dict (`RequestSummary.to_dict`) or the
         `RequestSummary` itself, which saves building the dicts only to count them.
+        `verdicts=False` leaves the verdict counters (`VERDICT_COUNTERS`) to `verdicts_revised`.
         """
         kv_class = transport = duration = size = None
         if isinstance(new, dict):
@@ -610,7 +642,7 @@ class Metrics:
         with self._lock:
             now = time.time()
             one = (ex, 1, now)  # the exemplar of an increment by one
-            if old is None:
+            if old is None and verdicts:
                 value = _label(model)
                 _inc(self._requests, (path_class, self._models.get(value) or self._model(value)), 1, one)
                 resolution = resolution_label(resolved, identity)
@@ -623,10 +655,12 @@ class Metrics:
                         _label(pairing_level or "unknown"),
                     )
                     _inc(self._pairings, key, 1, one)
-            for name in flags:
-                _inc(self._flags, (_label(name), path_class), 1, one)
+            if verdicts:
+                for name in flags:
+                    _inc(self._flags, (_label(name), path_class), 1, one)
             if kv and not (old is not None and old.get("kv_transfer")):
-                _inc(self._kv_transfers, (_label(transport or "unknown"), path_class), 1, one)
+                if verdicts:
+                    _inc(self._kv_transfers, (_label(transport or "unknown"), path_class), 1, one)
                 if isinstance(duration, _NUMBER) and duration >= 0:
                     self._kv_duration.add(by_class, duration, (ex, duration, now))
                     d_node, nic = _label(dec.get("node")), _label(dec.get("nic"))
@@ -657,3 +691,64 @@ class Metrics:
                         i = bisect_left(bounds, seconds)
                         s[0][i] += 1
                         s[1][i] = (ex, seconds, now)
+
+    def verdicts_revised(
+        self, new: Sequence[RequestSummary | dict[str, Any]], old: Iterable[dict[str, Any]]
+    ) -> None:
+        """Count what a re-assembly changed in the verdict counters (`VERDICT_COUNTERS`).
+
+        `old` are the stored summaries that `new` replace (late spans, traces stitched into one
+        request, a request split). The verdicts `new` hold and `old` did not are added to the
+        counters; those `old` held and `new` do not are added to the family's `_retracted_total`
+        counter, with the labels they had been counted under. Both stay monotonic, and
+        `<family>_total - <family>_retracted_total` is what the store holds now: the numbers of
+        the API and the UI (docs/ui.md, "Counts that agree"). Histograms are not corrected
+        (`request_assembled` observes a request's TTFT and KV transfer once).
+        """
+        dicts = [s if isinstance(s, dict) else s.to_dict() for s in new]
+        with self._lock:
+            now = time.time()
+            gained: dict[tuple[str, tuple[str, ...]], tuple[int, str]] = {}
+            for d in dicts:
+                for fk in self._verdict_keys(d):
+                    n, _ = gained.get(fk, (0, ""))
+                    gained[fk] = (n + 1, str(d.get("trace_id", "")))
+            for d in old:
+                for fk in self._verdict_keys(d):
+                    n, tid = gained.get(fk, (0, ""))
+                    gained[fk] = (n - 1, tid or str(d.get("trace_id", "")))
+            for (name, key), (n, tid) in gained.items():
+                if n > 0:
+                    ex = ({semconv.EXEMPLAR_TRACE_ID_LABEL: tid}, 1, now) if tid else None
+                    _inc(self.families[name], key, n, ex)
+                elif n < 0:
+                    _inc(self.families[semconv.RETRACTED[name]], key, -n, None)
+
+    def _verdict_keys(self, d: dict[str, Any]) -> list[tuple[str, tuple[str, ...]]]:
+        """The verdict counter series a stored summary counts in, as `request_assembled` counts
+        a first assembly; the caller holds the lock."""
+        kv = d.get("kv_transfer") or None
+        path_class = _label((kv or {}).get("path_class") or "unknown")
+        model = _label(d.get("model"))
+        resolution = resolution_label(bool(d.get("resolved")), d.get("identity") or {})
+        out: list[tuple[str, tuple[str, ...]]] = [
+            (semconv.M_REQUESTS, (path_class, self._models.get(model) or self._model(model))),
+            (
+                semconv.M_LEG_RESOLUTION,
+                (_label((d.get("coverage") or {}).get("recipe") or "unknown"), resolution),
+            ),
+        ]
+        pre, dec = d.get("prefill") or {}, d.get("decode") or {}
+        if pre.get("node") or dec.get("node"):
+            p_node, d_node = _label(pre.get("node")), _label(dec.get("node"))
+            level = _label(d.get("pairing_level") or "unknown")
+            nodes = (
+                self._nodes.get(p_node) or self._node(p_node),
+                self._nodes.get(d_node) or self._node(d_node),
+            )
+            out.append((semconv.M_PAIRINGS, (*nodes, level)))
+        for name in sorted({f["name"] for f in d.get("flags") or ()}):
+            out.append((semconv.M_FLAGS, (_label(name), path_class)))
+        if kv:
+            out.append((semconv.M_KV_TRANSFERS, (_label(kv.get("transport") or "unknown"), path_class)))
+        return out

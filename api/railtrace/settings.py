@@ -262,6 +262,18 @@ class Settings(BaseSettings):
         description="Searches and trace reads that run at once, each on a thread of its own; more wait"
         " for a turn within their time budget, then get 503 with Retry-After.",
     )
+    grafana_url: str = Field(
+        "",
+        max_length=2000,
+        description="Base URL of a Grafana that has railtrace as a Tempo data source, as a browser"
+        " reaches it (e.g. https://grafana.example.com); the UI's request page then links to the"
+        " trace in Grafana's Explore. Empty: no link.",
+    )
+    grafana_datasource_uid: str = Field(
+        "railtrace",
+        max_length=200,
+        description="uid of that data source (the provisioned one's is `railtrace`).",
+    )
     search_max_requests: int = Field(
         2000, ge=1, description="Requests one Tempo search inspects at most; beyond it the answer is partial."
     )

@@ -19,7 +19,7 @@ from prometheus_client import generate_latest as text_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
-from railtrace.metrics import Metrics
+from railtrace.metrics import KNOWN_SERIES, Metrics
 from railtrace.scheduling.workers import RecordedMetrics
 from railtrace_tracing import semconv
 
@@ -51,6 +51,9 @@ class Reference:
                     m.name, m.description, m.labels, registry=self.registry, buckets=m.buckets
                 )
             self.families[m.name] = f
+        for name, keys in KNOWN_SERIES.items():  # series railtrace exposes at 0 from the start
+            for key in keys:
+                self.families[name].labels(*key)
 
     def __getitem__(self, name: str) -> Any:
         return self.families[name]

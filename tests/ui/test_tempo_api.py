@@ -245,3 +245,97 @@ def test_every_request_opens(any_api: httpx.Client, accept: str) -> None:
     items = any_api.get("/api/v1/requests", params={"limit": 1000}).json()["items"]
     for s in items[:: max(1, len(items) // 10)]:
         assert any_api.get(f"/api/v2/traces/{s['trace_id']}", headers={"accept": accept}).status_code == 200
+
+
+def test_short_trace_ids_are_padded_and_errors_carry_message(any_api: httpx.Client) -> None:
+    """Tempo reads 1 to 32 hex digits, left-padded with zeros (grafana/tempo pkg/util/traceid.go
+    `hexStringToID`, v2.9.0): a 64-bit id is looked up (404 when absent, so Grafana moves on)
+    rather than refused. Errors carry `message`, which Grafana shows, beside `detail`."""
+    s = any_api.get("/api/v1/requests", params={"limit": 1}).json()["items"][0]
+    short = s["trace_id"].lstrip("0") or "0"
+    assert any_api.get(f"/api/v2/traces/{short.upper()}", headers=PROTOBUF).status_code == 200
+    assert any_api.get("/api/v2/traces/" + "a" * 16, headers=PROTOBUF).status_code == 404
+    bad = any_api.get("/api/traces/" + "a" * 33)
+    assert bad.status_code == 400 and "hex" in bad.json()["message"] == bad.json()["detail"]
+    missing = any_api.get("/api/traces/" + "0" * 32)
+    assert missing.status_code == 404 and missing.json()["message"]
+    refused = any_api.get("/api/search", params={"q": "{nosuchfield=1}"})
+    assert refused.status_code == 400 and "TraceQL" in refused.json()["message"]
+    invalid = any_api.get("/api/search", params={"limit": "many"})
+    assert invalid.status_code == 422 and "limit" in invalid.json()["message"]
+
+
+def test_buildinfo_claims_no_streaming(api: httpx.Client) -> None:
+    """Grafana offers search streaming from Tempo 2.2.0 and metrics streaming from 2.7.0
+    (public/app/plugins/datasource/tempo/datasource.ts, `featuresToTempoVersion`), both gRPC,
+    which railtrace does not serve: the version claimed must be below both."""
+    version = tuple(int(p) for p in api.get("/api/status/buildinfo").json()["version"].split("."))
+    assert (2, 0, 0) <= version < (2, 2, 0)
+
+
+def _metrics(api: httpx.Client, path: str, **params: Any) -> dict[str, Any]:
+    resp = api.get(path, params=params)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def _labels(series: dict[str, Any]) -> dict[str, Any]:
+    return {lab["key"]: next(iter(lab["value"].values()), None) for lab in series["labels"]}
+
+
+def test_traceql_metrics_count_what_the_api_counts(any_api: httpx.Client) -> None:
+    """`/api/metrics/query_range` and `/api/metrics/query` in the shapes of grafana/tempo v2.9.0
+    pkg/tempopb/tempo.proto (QueryRangeResponse: series of labels, samples with `timestampMs` as
+    a string; QueryInstantResponse: one `value`), counting requests as the stats API does."""
+    items = any_api.get("/api/v1/requests", params={"limit": 1000}).json()["items"]
+    starts = [datetime.fromisoformat(s["start"].replace("Z", "+00:00")).timestamp() for s in items]
+    start, end = int(min(starts)) - 1, int(max(starts)) + 1
+    by_class = {
+        g["path_class"]: g["requests"]
+        for g in any_api.get("/api/v1/stats", params={"group_by": "path_class"}).json()["groups"]
+    }
+    q = "{} | count_over_time() by (span.railtrace.verdict.path_class)"
+    instant = _metrics(any_api, "/api/metrics/query", q=q, start=start, end=end)
+    assert {_labels(s)[semconv.VERDICT_PATH_CLASS]: s["value"] for s in instant["series"]} == by_class
+    ranged = _metrics(any_api, "/api/metrics/query_range", q=q, start=start, end=end, step="5s")
+    totals: dict[str, float] = {}
+    for s in ranged["series"]:
+        stamps = [int(p["timestampMs"]) for p in s["samples"]]
+        assert stamps == sorted(stamps) and all(t % 5000 == 0 for t in stamps)
+        key = _labels(s)[semconv.VERDICT_PATH_CLASS]
+        totals[key] = totals.get(key, 0) + sum(p["value"] for p in s["samples"])
+    assert totals == by_class
+    # Traces Drilldown's "traces" view: root spans; ungrouped series named after the function.
+    rate = _metrics(any_api, "/api/metrics/query", q="{nestedSetParent<0} | rate()", start=start, end=end)
+    (only,) = rate["series"]
+    assert _labels(only) == {"__name__": "rate"}
+    assert abs(only["value"] * (end - start) - len(items)) < 1e-6
+    # A flag's count, quantiles of TTFT by flag, and pairs.
+    flagged = _metrics(
+        any_api,
+        "/api/metrics/query",
+        q='{.railtrace.verdict.flags="tcp_fallback"} | count_over_time()',
+        start=start,
+        end=end,
+    )
+    n = any_api.get("/api/v1/requests", params={"flag": "tcp_fallback", "limit": 1000}).json()["items"]
+    assert flagged["series"][0]["value"] == len(n) > 0
+    quantiles = _metrics(
+        any_api,
+        "/api/metrics/query_range",
+        q="{} | quantile_over_time(.railtrace.verdict.ttft, .5, .99) by (.railtrace.verdict.flags)",
+        start=start,
+        end=end,
+    )
+    assert {_labels(s)["p"] for s in quantiles["series"]} == {0.5, 0.99}
+    pairs = _metrics(
+        any_api, "/api/metrics/query", q="{} | rate() by (railtrace.verdict.pair)", start=start, end=end
+    )
+    assert all(
+        " -> " in str(_labels(s)["railtrace.verdict.pair"])
+        for s in pairs["series"]
+        if _labels(s)["railtrace.verdict.pair"]
+    )
+    for bad in ('{.x="y"} | rate()', "{} | histogram_over_time(duration)", "{} | rate() by (span.x)", "{}"):
+        resp = any_api.get("/api/metrics/query_range", params={"q": bad, "start": start, "end": end})
+        assert resp.status_code == 400 and "TraceQL" in resp.json()["message"], (bad, resp.text)

@@ -698,6 +698,26 @@ M_PAIRINGS = _metric(
     "Prefill/decode node pairings and their topology level.",
     ("prefill_node", "decode_node", "level"),
 )
+
+# What re-assemblies withdrew from the verdict counters above: a request re-assembled after late
+# spans (or stitched into another) whose flags, path class, pairing or resolution changed is
+# counted under its new labels in the family and under its old ones here, so that
+# `<family>_total - <family>_retracted_total` counts the verdicts stored now (what the API and
+# the UI show) while every counter stays monotonic (docs/ui.md, "Counts that agree").
+VERDICT_COUNTERS = (M_REQUESTS, M_FLAGS, M_LEG_RESOLUTION, M_KV_TRANSFERS, M_PAIRINGS)
+RETRACTED: dict[str, str] = {}
+for _m in list(_METRICS):
+    if _m.name in VERDICT_COUNTERS:
+        RETRACTED[_m.name] = _metric(
+            _m.name.removesuffix("_total") + "_retracted_total",
+            "counter",
+            f"Counts of {_m.name} withdrawn by a later re-assembly of the request (under the labels"
+            " they were counted with); subtract for the verdicts stored now.",
+            _m.labels,
+        )
+del _m
+M_REQUESTS_RETRACTED = RETRACTED[M_REQUESTS]
+M_FLAGS_RETRACTED = RETRACTED[M_FLAGS]
 # Ingest and assembly health.
 M_SPANS_RECEIVED = _metric(
     "llm_d_tracing_spans_received_total", "counter", "Spans committed, by receiver.", ("protocol",)

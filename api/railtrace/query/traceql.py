@@ -30,7 +30,16 @@ NUMBER = re.compile(r"-?\d+(\.\d+)?")
 # whole `tags=` parameter is read in linear time (a search at every offset is quadratic).
 LOGFMT = re.compile(r'\s*(?:([^\s=]+)=("(?:[^"\\]|\\.)*"|\S+)|\S+)')
 UNITS = {"ns": 1, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9, "m": 60e9, "h": 3600e9}
-INTRINSICS = ("name", "status", "duration", "kind", "traceDuration", "rootServiceName", "rootName")
+INTRINSICS = (
+    "name",
+    "status",
+    "duration",
+    "kind",
+    "traceDuration",
+    "rootServiceName",
+    "rootName",
+    "nestedSetParent",  # -1 on a root span (Traces Drilldown counts traces by `nestedSetParent<0`)
+)
 STATUS = {0: "unset", 1: "ok", 2: "error"}
 KIND = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
 
@@ -227,6 +236,7 @@ def span_matches(s: Span, conds: list[Cond], root: Span | None, trace_ns: int) -
                 "traceDuration": trace_ns,
                 "rootServiceName": root.service_name if root else None,
                 "rootName": root.name if root else None,
+                "nestedSetParent": -1 if s is root else 1,
             }[c.key]
         elif c.scope == "resource":
             actual = s.resource.get(c.key)

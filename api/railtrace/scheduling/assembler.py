@@ -443,16 +443,27 @@ class Assembler:
         late_total = sum(p.late_spans for p in stored)
         if late_total:
             self.metrics[semconv.M_LATE_SPANS].inc(late_total)
-        for p in stored:
+        # Stored requests these groups replaced: their verdict counts are corrected by what
+        # changed (`Metrics.verdicts_revised`), once for all groups, as a split group's parts
+        # each hold the whole group's earlier summaries.
+        holdings = [_holding(p.group, old) if old else set() for p in stored]
+        replaced = set().union(*holdings)
+        revised: list[RequestSummary] = []
+        for p, holding in zip(stored, holdings, strict=True):
             marks = p.group.marks
+            reassembled = bool(holding)
             for s in p.group.summaries:
                 previous = old.get(s.trace_id) or next((old[t] for t in s.trace_ids if t in old), None)
-                self.metrics.request_assembled(s, previous)
+                self.metrics.request_assembled(s, previous, verdicts=not reassembled)
+                if reassembled:
+                    revised.append(s)
                 if len(s.trace_ids) > 1 and (previous is None or len(previous.get("trace_ids") or []) <= 1):
                     self.metrics[semconv.M_STITCHED].inc()
                 arrivals = [marks[t] for t in s.trace_ids or [s.trace_id] if t in marks]
                 if arrivals:
                     self.metrics[semconv.M_ASSEMBLY_LAG].observe(max(0, now - max(arrivals)) / 1e9)
+        if replaced:
+            self.metrics.verdicts_revised(revised, [old[t] for t in sorted(replaced)])
 
 
 @dataclass(slots=True)

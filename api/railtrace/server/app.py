@@ -120,5 +120,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.include_router(api_v1.router, responses=API_RESPONSES)
     app.include_router(tempo.router, responses=API_RESPONSES)  # Grafana's Tempo data source
     app.include_router(jaeger.router)  # Grafana's Jaeger data source, at <base>/jaeger
-    app.include_router(ui_router())  # the read-only web UI at `/`; its data comes from /api/v1
+    app.include_router(
+        ui_router(settings.grafana_url, settings.grafana_datasource_uid)
+    )  # the read-only web UI at `/`; its data comes from /api/v1
     return app

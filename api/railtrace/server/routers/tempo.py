@@ -15,12 +15,15 @@ one cut short answers with what it read, marked partial (`X-Railtrace-Partial`, 
 
 from __future__ import annotations
 
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
@@ -40,19 +43,58 @@ from railtrace.query.search import (
     verdict_attributes,
 )
 from railtrace.query.traceql import DURATION, INTRINSICS, UNITS, TraceQLError
+from railtrace.query.traceql_metrics import evaluate, parse_metrics_query, parse_step, parse_time
 from railtrace.server.deps import RuntimeDep
-from railtrace.server.routers.v1.params import TRACE_ID, unavailable
+from railtrace.server.routers.v1.params import unavailable
 from railtrace.server.runtime import Runtime
 from railtrace.server.ui import request_path
 from railtrace.store import RequestQuery, StoreError
 from railtrace_tracing import semconv
 from railtrace_tracing.semconv import FlagName, PathClass
 
-router = APIRouter(tags=["tempo"])
+
+class TempoRoute(APIRoute):
+    """A Tempo API route whose errors carry `message` beside FastAPI's `detail`: Grafana's Tempo
+    data source shows an error's `message` (grafana/grafana's Tempo data source,
+    v11.x), and would otherwise show only the status code."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def answer(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except HTTPException as exc:
+                return tempo_error(exc.status_code, str(exc.detail), exc.headers)
+            except RequestValidationError as exc:
+                errors = exc.errors()
+                first = errors[0] if errors else {}
+                where = ".".join(str(p) for p in first.get("loc", ()))
+                return tempo_error(422, f"{where}: {first.get('msg', 'invalid request')}", None, errors)
+
+        return answer
+
+
+def tempo_error(
+    status: int, message: str, headers: Mapping[str, str] | None = None, detail: Any = None
+) -> Response:
+    """An error as Grafana reads it (`message`), with FastAPI's `detail` kept for other clients."""
+    body = {"message": message, "detail": message if detail is None else detail}
+    return Response(orjson.dumps(body), status, headers=dict(headers or {}), media_type="application/json")
+
+
+router = APIRouter(tags=["tempo"], route_class=TempoRoute)
 
 PROTOBUF = "application/protobuf"
-# The Tempo API level this follows (trace by id v1 and v2, TraceQL search, tag APIs v1 and v2).
-TEMPO_API_VERSION = "2.6.0"
+# The Tempo version `/api/status/buildinfo` claims. Grafana turns features on by the version it
+# reads there (grafana/grafana public/app/plugins/datasource/tempo/datasource.ts,
+# `featuresToTempoVersion`, v11.x and v12.x: search streaming from 2.2.0, metrics streaming from
+# 2.7.0, both over gRPC, which railtrace does not serve). 2.1.x is the last version before either,
+# so Grafana asks railtrace only over HTTP: trace by id, search, tags and TraceQL metrics, all
+# served here. Claiming 2.6.0 made Grafana offer streaming when a user turned it on.
+TEMPO_API_VERSION = "2.1.1"
+# Trace ids as Tempo takes them: up to 32 hex digits (shorter ones are left-padded).
+SHORT_TRACE_ID = re.compile(r"^[0-9a-fA-F]{1,32}$")
 DEFAULT_LIMIT = 20
 MAX_SEARCH_LIMIT = 500
 # The header that marks an answer a budget cut short, with the reason.
@@ -147,13 +189,21 @@ def _trace_answer(
     return Response(orjson.dumps(doc), media_type="application/json", headers=headers)
 
 
+def tempo_trace_id(raw: str) -> str:
+    """A trace id as Tempo reads one: 1 to 32 hex digits, left-padded with zeros to 128 bits
+    (grafana/tempo pkg/util/traceid.go `hexStringToID`, v2.9.0), so a 64-bit id from a
+    Zipkin-style propagator or a log line opens its trace (lower case, as stored)."""
+    if not SHORT_TRACE_ID.match(raw):
+        raise HTTPException(400, "trace id must be 1 to 32 hex digits")
+    return raw.lower().rjust(32, "0")
+
+
 async def _trace(rt: Runtime, request: Request, trace_id: str, v2: bool) -> Response:
-    if not TRACE_ID.match(trace_id):
-        raise HTTPException(400, "trace id must be 32 hex digits")
+    trace_id = tempo_trace_id(trace_id)
     protobuf, base_url = _wants_protobuf(request), str(request.base_url)
     try:
         return await rt.queries.run(
-            lambda b: _trace_answer(rt, trace_id.lower(), v2, protobuf, base_url, b),
+            lambda b: _trace_answer(rt, trace_id, v2, protobuf, base_url, b),
             rt.queries.budget(rt.settings.trace_max_spans),
         )
     except QueryUnavailable as exc:
@@ -254,6 +304,60 @@ async def search_traces(
         raise unavailable(exc) from None
     headers = {PARTIAL_HEADER: body["partialReason"]} if body.get("partial") else None
     return Response(orjson.dumps(body), media_type="application/json", headers=headers)
+
+
+# -- TraceQL metrics -----------------------------------------------------------------------
+
+
+async def _metrics(rt: Runtime, request: Request, instant: bool) -> Response:
+    """Both metrics endpoints: parameters as Tempo's `ParseQueryRangeRequest` reads them
+    (railtrace.query.traceql_metrics), the read within the query gate and budget."""
+    params = request.query_params
+    q = params.get("q") or params.get("query") or ""
+    if len(q) > 2000:
+        raise HTTPException(400, "query longer than 2000 characters")
+    try:
+        mq = parse_metrics_query(q)
+        now = time.time_ns()
+        since = params.get("since")
+        since_ns = int(_duration(since, "since") or 0) if since else 3600 * 10**9
+        end_ns = parse_time(params.get("end"), now)
+        start_ns = parse_time(params.get("start"), min(end_ns, now) - since_ns)
+        if end_ns <= start_ns:
+            raise TraceQLError("end must be after start")
+        step_ns = parse_step(params.get("step"), start_ns, end_ns)
+        if step_ns <= 0:
+            raise TraceQLError("step must be positive")
+        body = await rt.queries.run(
+            lambda b: evaluate(rt.store, mq, start_ns, end_ns, step_ns, b, instant),
+            rt.queries.budget(rt.settings.search_max_spans),
+        )
+    except (TraceQLError, StoreError) as exc:
+        raise HTTPException(400, f"invalid TraceQL metrics query: {exc}") from None
+    except QueryUnavailable as exc:
+        raise unavailable(exc) from None
+    headers = {PARTIAL_HEADER: body["message"]} if body.get("status") == "PARTIAL" else None
+    return Response(orjson.dumps(body), media_type="application/json", headers=headers)
+
+
+@router.get(
+    "/api/metrics/query_range",
+    summary="Tempo: TraceQL metrics over time (rate, count, quantiles of railtrace's requests)",
+    response_class=Response,
+    responses=JSON_ANSWER,
+)
+async def metrics_query_range(rt: RuntimeDep, request: Request) -> Response:
+    return await _metrics(rt, request, instant=False)
+
+
+@router.get(
+    "/api/metrics/query",
+    summary="Tempo: TraceQL metrics over the whole range (one value per series)",
+    response_class=Response,
+    responses=JSON_ANSWER,
+)
+async def metrics_query(rt: RuntimeDep, request: Request) -> Response:
+    return await _metrics(rt, request, instant=True)
 
 
 # -- Tags -------------------------------------------------------------------------------

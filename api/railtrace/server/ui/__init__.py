@@ -8,6 +8,7 @@ parameters), `/requests/{trace id or request id}`, `/topology`.
 
 from __future__ import annotations
 
+from html import escape
 from importlib import resources
 from typing import Final
 from urllib.parse import quote
@@ -30,9 +31,17 @@ def request_path(ident: str) -> str:
     return "/requests/" + quote(ident, safe="")
 
 
-def create_router() -> APIRouter:
-    """Routes for the pages and `/ui/static/<asset>`; read once, answered from memory."""
+def create_router(grafana_url: str = "", grafana_datasource: str = "railtrace") -> APIRouter:
+    """Routes for the pages and `/ui/static/<asset>`; read once, answered from memory. A
+    configured Grafana (settings `grafana_url`, `grafana_datasource_uid`) rides in the shell as
+    `<meta>` tags, for the request page's "Open in Grafana" link."""
     shell = (STATIC / "index.html").read_bytes()
+    if grafana_url:
+        tags = (
+            f'<meta name="railtrace-grafana-url" content="{escape(grafana_url.rstrip("/"))}">'
+            f'<meta name="railtrace-grafana-datasource" content="{escape(grafana_datasource)}">'
+        )
+        shell = shell.replace(b"<head>", b"<head>" + tags.encode(), 1)
     assets = {name: (STATIC / name).read_bytes() for name in ASSETS}
     router = APIRouter(include_in_schema=False)
 

@@ -319,6 +319,15 @@ function filterForm(params) {
 
 // -- One request ------------------------------------------------------------------------
 
+// "Open in Grafana": Explore on the configured Tempo data source (settings `grafana_url`).
+function grafanaLink(traceId) {
+  const meta = (name) => document.querySelector(`meta[name="railtrace-grafana-${name}"]`)?.content;
+  const base = meta("url");
+  if (!base) return [];
+  const left = { datasource: meta("datasource"), queries: [{ refId: "A", queryType: "traceql", query: traceId }] };
+  return [" · ", h("a", { href: `${base}/explore?left=${encodeURIComponent(JSON.stringify(left))}`, target: "_blank", rel: "noopener" }, "Open in Grafana")];
+}
+
 async function requestPage(main, ident) {
   let summary;
   try {
@@ -342,7 +351,8 @@ async function requestPage(main, ident) {
       tile("pairing level", summary.pairing_level || "—", null)),
     h("p", { class: "meta" }, `model ${summary.model || "—"} · started ${summary.start} · ${summary.span_count} spans · `,
       summary.complete ? "complete" : h("span", { class: "warn" }, "incomplete"), " · ",
-      h("a", { href: `/api/v1/requests/${encodeURIComponent(summary.trace_id)}` }, "JSON")),
+      h("a", { href: `/api/v1/requests/${encodeURIComponent(summary.trace_id)}` }, "JSON"),
+      ...grafanaLink(summary.trace_id)),
     flagsSection(summary),
     ...[joinsSection(summary)].filter(Boolean),
     kvPathSection(summary, kvSpan),
