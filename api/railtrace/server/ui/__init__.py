@@ -17,7 +17,12 @@ from fastapi.responses import Response
 
 STATIC: Final = resources.files(__package__) / "static"
 MEDIA: Final = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css"}
-ASSETS: Final = ("app.js", "style.css")
+# The entry module, the page modules under js/ and the stylesheet: every asset of the UI.
+ASSETS: Final = (
+    "app.js",
+    "style.css",
+    *sorted(f"js/{f.name}" for f in (STATIC / "js").iterdir() if f.name.endswith(".js")),
+)
 # Pages and assets come with the package: a browser may keep assets an hour; the shell is
 # revalidated so a new version's shell never runs an old script.
 SHELL_HEADERS: Final = {"cache-control": "no-cache", "x-content-type-options": "nosniff"}
@@ -43,7 +48,7 @@ def create_router() -> APIRouter:
     for path in ("/", "/requests", "/requests/{ident:path}", "/topology"):
         router.add_api_route(path, page, methods=["GET", "HEAD"], response_class=Response)
 
-    @router.api_route("/ui/static/{name}", methods=["GET", "HEAD"])
+    @router.api_route("/ui/static/{name:path}", methods=["GET", "HEAD"])
     def asset(name: str) -> Response:
         body = assets.get(name)
         if body is None:
