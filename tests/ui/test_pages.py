@@ -75,7 +75,9 @@ def test_a_tcp_fallback_request_shows_its_path_and_evidence(page: Page, api: htt
     row = pg.locator(f"#span-{flag['span_id']}")
     assert "target" in (row.get_attribute("class") or "")
     assert "llm_d.kv_transfer" in row.inner_text()
-    assert pg.locator(f"#span-{flag['span_id']} details[open]").count() == 1
+    # Its details, every attribute, are in the side panel.
+    panel = pg.inner_text("#span-detail")
+    assert flag["span_id"] in panel and "llm_d.kv_transfer.transport" in panel
     assert pg.locator("#waterfall .wrow").count() == s["span_count"] + 1  # + the axis row
     assert page.errors == []
 

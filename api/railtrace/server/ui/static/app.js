@@ -3,6 +3,7 @@
 // (/api/v1/...) with the same bearer token as any API client (kept for the browser session only).
 
 import { Unauthorized, h, tokenForm } from "./js/common.js";
+import { contractPage } from "./js/contract.js";
 import { overview } from "./js/overview.js";
 import { openSpan, requestPage } from "./js/request.js";
 import { requestsPage } from "./js/requests.js";
@@ -19,8 +20,13 @@ async function route() {
     if (path === "/") await overview(main, params);
     else if (path === "/requests") { page = "requests"; await requestsPage(main, params); }
     else if (path.startsWith("/requests/")) { page = "requests"; await requestPage(main, decodeURIComponent(path.slice(10))); }
-    else if (path === "/topology") { page = "topology"; await topologyPage(main); }
-    else main.replaceChildren(h("h1", {}, "Not found"), h("p", {}, h("a", { href: "/" }, "overview")));
+    else if (path === "/topology") { page = "topology"; await topologyPage(main, params); }
+    else if (path === "/contract") { page = "contract"; await contractPage(main); }
+    else {
+      page = "not found";
+      main.replaceChildren(h("h1", {}, "Not found"),
+        h("p", {}, "railtrace has no page at ", h("code", {}, location.pathname), ". ", h("a", { href: "/" }, "Overview")));
+    }
     document.title = `railtrace · ${page}`;
   } catch (e) {
     if (e instanceof Unauthorized) tokenForm(main);

@@ -31,6 +31,24 @@ export function h(tag, attrs, ...children) {
   return el;
 }
 
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+// The same for SVG elements (charts, drawings): attributes only, no inline style text.
+export function svg(tag, attrs, ...children) {
+  const el = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") el.setAttribute("class", v);
+    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else el.setAttribute(k, String(v));
+  }
+  for (const c of children.flat(Infinity)) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
 export const secs = (x) => (x === null || x === undefined ? "—" : x >= 1 ? `${x.toFixed(2)} s` : `${(x * 1000).toFixed(1)} ms`);
 export const pct = (x) => (x === null || x === undefined ? "—" : `${(x * 100).toFixed(1)}%`);
 export const bytes = (n) => {
@@ -70,12 +88,26 @@ export async function api(path) {
   if (resp.status === 401) throw new Unauthorized();
   const body = await resp.json().catch(() => ({}));
   if (!resp.ok) {
-    const err = new Error(body.detail ? String(body.detail) : `${resp.status} ${resp.statusText}`);
+    const err = new Error(errorText(body) || `${resp.status} ${resp.statusText}`);
     err.status = resp.status;
     err.body = body;
     throw err;
   }
   return body;
+}
+
+// The server's own words for a refused request: FastAPI's `detail` is a string, or for a refused
+// parameter a list of {loc, msg}; Grafana-shaped answers carry `message`.
+export function errorText(body) {
+  const d = body && (body.detail ?? body.message ?? body.error);
+  if (d === undefined || d === null) return "";
+  if (typeof d === "string") return d;
+  if (Array.isArray(d)) {
+    return d.map((e) => (e && typeof e === "object"
+      ? `${(e.loc || []).filter((x) => x !== "query" && x !== "path").join(".") || "request"}: ${e.msg || JSON.stringify(e)}`
+      : String(e))).join("; ");
+  }
+  return JSON.stringify(d);
 }
 
 // An optional part of a page: its failure is shown in its place, not over the page.

@@ -1,10 +1,38 @@
 // The fleet overview (`/`): counts, TTFT quantiles and flags over the chosen window.
 
+import { timeChart } from "./charts.js";
 import { FLAGS, LEVELS, PATH_CLASSES, api, flagBadge, h, maybe, pathBadge, pct, secs, section, table, tile } from "./common.js";
 
+// The windows the overview offers (`?window=`), in seconds.
+export const WINDOWS = { "15m": [900, "last 15 min"], "1h": [3600, "last hour"], "6h": [21600, "last 6 h"], "24h": [86400, "last day"] };
+
 function windowChooser(current) {
-  return h("div", { class: "tabs" }, ["1h", "24h"].map((w) =>
-    h("a", { href: `/?window=${w}`, class: w === current ? "active" : "" }, w === "1h" ? "last hour" : "last day")));
+  return h("div", { class: "tabs" }, Object.entries(WINDOWS).map(([w, [, label]]) =>
+    h("a", { href: `/?window=${w}`, class: w === current ? "active" : "" }, label)));
+}
+
+// Trends over the window from /api/v1/stats/timeseries. A bucket's `seconds_lost` (from the
+// requests' `cost`, where the service has it) is drawn when present.
+function trendsSection(series) {
+  if (series.error) return section("Over time", h("p", { class: "warn" }, `trends unavailable: ${series.error}`));
+  const b = series.buckets;
+  const step = series.step_s >= 3600 ? `${series.step_s / 3600} h` : `${series.step_s / 60} min`;
+  const flagsSeen = FLAGS.filter((f) => b.some((x) => x.flags[f]));
+  const lost = b.some((x) => typeof x.seconds_lost === "number");
+  return section(`Over time (${step} buckets)`,
+    h("div", { class: "grid charts" },
+      h("div", {}, h("h3", {}, "Requests by path class"),
+        timeChart(b, { id: "trend-requests", label: "requests per bucket by path class",
+          stacked: PATH_CLASSES.map((pc) => ({ label: pc, cls: `pc-${pc}`, value: (x) => x.path_class[pc] || 0 })).filter((s) => b.some(s.value)) })),
+      h("div", {}, h("h3", {}, "Flagged requests"),
+        timeChart(b, { id: "trend-flags", label: "flagged requests per bucket",
+          lines: flagsSeen.map((f) => ({ label: f, cls: `fl-${f}`, value: (x) => x.flags[f] || 0 })) })),
+      h("div", {}, h("h3", {}, "TTFT p50 / p99"),
+        timeChart(b, { id: "trend-ttft", label: "TTFT quantiles per bucket", yFmt: secs,
+          lines: [{ label: "p50", cls: "q-p50", value: (x) => x.ttft_s_p50 }, { label: "p99", cls: "q-p99", value: (x) => x.ttft_s_p99 }] })),
+      lost ? h("div", {}, h("h3", {}, "Seconds lost"),
+        timeChart(b, { id: "trend-lost", label: "seconds lost per bucket", yFmt: secs,
+          stacked: [{ label: "seconds lost", cls: "lost", value: (x) => x.seconds_lost || 0 }] })) : null));
 }
 
 function weightedMean(groups, key) {
@@ -19,9 +47,9 @@ function weightedMean(groups, key) {
 }
 
 export async function overview(main, params) {
-  const win = params.get("window") === "24h" ? "24h" : "1h";
-  const since = Math.floor(Date.now() / 1000) - (win === "1h" ? 3600 : 86400);
-  const [byPath, byFlag, byPair, ready, topo, quant, byCoverage] = await Promise.all([
+  const win = Object.hasOwn(WINDOWS, params.get("window") || "") ? params.get("window") : "1h";
+  const since = Math.floor(Date.now() / 1000) - WINDOWS[win][0];
+  const [byPath, byFlag, byPair, ready, topo, quant, byCoverage, series] = await Promise.all([
     api(`/api/v1/stats?group_by=path_class&since=${since}`),
     api(`/api/v1/stats?group_by=flag&since=${since}`),
     api(`/api/v1/stats?group_by=pair&since=${since}`),
@@ -29,6 +57,7 @@ export async function overview(main, params) {
     maybe("/api/v1/topology?summary=true"),
     api(`/api/v1/stats/ttft?since=${since}`),
     maybe(`/api/v1/stats?group_by=coverage&since=${since}`),
+    maybe(`/api/v1/stats/timeseries?since=${since}&buckets=60`),
   ]);
   const sampling = byCoverage.error ? null : byCoverage.sampling || null;
   const share = sampling && typeof sampling.traced_share === "number" ? sampling.traced_share : null;
@@ -100,6 +129,7 @@ export async function overview(main, params) {
     fleet,
     samplingNote(sampling, share),
     tiles,
+    trendsSection(series),
     h("div", { class: "grid" },
       section("By path class", table(["path class", "requests", "share", "TTFT p50", "p90", "p99", "KV mean"], pathRows), qNote(quant)),
       section("By pairing level", table(["pairing level", "requests", "TTFT p50", "p90", "p99", "TTFT mean", "KV mean"], levelRows), qNote(quant)),

@@ -113,23 +113,93 @@ function kvPathSection(summary, kvSpan) {
     h("p", { class: "muted" }, kv.evidence || ""));
 }
 
+// The waterfall of the page on screen: `openSpan` (flag evidence links, `#span-<id>` URLs) selects
+// a span in it.
+let selectSpan = null;
+
 export function openSpan(id) {
-  const row = document.getElementById(`span-${id}`);
-  if (!row) return;
-  const det = row.querySelector("details");
-  if (det) det.open = true;
-  row.classList.add("target");
+  if (selectSpan) selectSpan(id);
+}
+
+// Nanoseconds as the ruler and the rows say them.
+function dur(ns) {
+  const s = ns / 1e9;
+  if (s >= 1) return `${s.toFixed(s >= 10 ? 1 : 2)} s`;
+  if (s >= 1e-3) return `${(s * 1e3).toFixed(s >= 0.01 ? 1 : 2)} ms`;
+  return `${(s * 1e6).toFixed(0)} µs`;
+}
+
+// Ticks at 1, 2 or 5 × 10^k ns, four to eight across the span.
+function ticks(total) {
+  const raw = total / 5;
+  const p = 10 ** Math.floor(Math.log10(Math.max(1, raw)));
+  const step = [1, 2, 5, 10].map((m) => m * p).find((s) => s >= raw) || raw;
+  const out = [];
+  for (let v = 0; v <= total * 1.0001; v += step) out.push(v);
+  return out;
+}
+
+// The critical path, as Jaeger draws it: from the last span to finish, back through the child
+// that finished last before each point, until the start. Stitched traces are roots side by side.
+function criticalPath(roots, kids) {
+  const on = new Set();
+  const walk = (s, until) => {
+    on.add(s);
+    let cursor = Math.min(s.end_ns, until);
+    for (const c of [...(kids.get(s) || [])].sort((a, b) => b.end_ns - a.end_ns)) {
+      if (c.start_ns >= cursor) continue;
+      walk(c, cursor);
+      cursor = c.start_ns;
+    }
+  };
+  let cursor = Infinity;
+  for (const r of [...roots].sort((a, b) => b.end_ns - a.end_ns)) {
+    if (r.start_ns >= cursor) continue;
+    walk(r, cursor);
+    cursor = r.start_ns;
+  }
+  return on;
+}
+
+function spanDetail(s, t0, flags, critical) {
+  const row = (k, v) => h("tr", {}, h("th", {}, k), h("td", {}, v));
+  const value = (v) => (typeof v === "string" ? v : JSON.stringify(v));
+  const kv = (obj) => Object.keys(obj || {}).sort().map((k) => row(h("code", {}, k), value(obj[k])));
+  return [
+    h("h3", {}, s.name),
+    flags.length ? h("p", {}, flags.map(flagBadge)) : null,
+    h("table", { class: "compact kvtable" }, h("tbody", {},
+      row("duration", dur(s.end_ns - s.start_ns)),
+      row("start", `+${dur(s.start_ns - t0)}`),
+      row("service", s.service_name || "—"),
+      row("role", s.role || "—"),
+      row("status", s.status_code === 2 ? h("span", { class: "bad" }, `error ${s.status_message || ""}`) : s.status_code === 1 ? "ok" : "unset"),
+      row("critical path", critical ? "yes" : "no"),
+      row("span id", h("code", {}, s.span_id)),
+      row("parent", s.parent_span_id ? h("code", {}, s.parent_span_id) : "—"),
+      row("trace id", h("code", {}, s.trace_id)))),
+    h("h4", {}, `Attributes (${Object.keys(s.attributes || {}).length})`),
+    h("table", { class: "compact kvtable attrs" }, h("tbody", {}, kv(s.attributes))),
+    Object.keys(s.resource || {}).length ? [h("h4", {}, "Resource"), h("table", { class: "compact kvtable" }, h("tbody", {}, kv(s.resource)))] : null,
+    (s.events || []).length ? [h("h4", {}, `Events (${s.events.length})`),
+      h("ul", { class: "plain" }, s.events.map((e) => h("li", { class: "evidence" },
+        `+${dur((e.time_ns || e.time_unix_nano || t0) - t0)} ${e.name || ""}`,
+        Object.keys(e.attributes || {}).length ? h("div", { class: "muted" }, JSON.stringify(e.attributes)) : null)))] : null,
+  ];
 }
 
 function waterfallSection(summary, spans, trace) {
+  selectSpan = null;
   if (trace.error) return section("Spans", h("p", { class: "bad" }, `spans unavailable: ${trace.error}`));
   if (!spans.length) return section("Spans", h("p", { class: "muted" }, "No spans stored."));
   const t0 = Math.min(...spans.map((s) => s.start_ns));
   const t1 = Math.max(...spans.map((s) => s.end_ns));
-  const span = Math.max(1, t1 - t0);
-  const x = (ns) => `${(((ns - t0) / span) * 100).toFixed(3)}%`;
-  const w = (a, b) => `${Math.max(0.2, ((b - a) / span) * 100).toFixed(3)}%`;
-  // Depth by parent links, children after their parent, per trace.
+  const total = Math.max(1, t1 - t0);
+  const clamp = (ns) => Math.min(t1, Math.max(t0, ns));
+  const pos = (ns) => ((clamp(ns) - t0) / total) * 100;
+  const x = (ns) => `${pos(ns).toFixed(3)}%`;
+  const w = (a, b) => `${Math.max(0.2, Math.min(100 - pos(a), pos(b) - pos(a))).toFixed(3)}%`;
+  // Tree order: children under their parent, siblings and roots by start time.
   const byId = new Map(spans.map((s) => [`${s.trace_id}/${s.span_id}`, s]));
   const kids = new Map();
   const roots = [];
@@ -138,51 +208,111 @@ function waterfallSection(summary, spans, trace) {
     if (parent) (kids.get(parent) || kids.set(parent, []).get(parent)).push(s);
     else roots.push(s);
   }
+  const byStart = (a, b) => a.start_ns - b.start_ns || a.end_ns - b.end_ns || a.span_id.localeCompare(b.span_id);
   const order = [];
   const walk = (s, depth) => {
     order.push([s, depth]);
-    for (const c of (kids.get(s) || []).sort((a, b) => a.start_ns - b.start_ns)) walk(c, depth + 1);
+    for (const c of (kids.get(s) || []).sort(byStart)) walk(c, depth + 1);
   };
-  roots.sort((a, b) => a.trace_id.localeCompare(b.trace_id) || a.start_ns - b.start_ns).forEach((r) => walk(r, 0));
+  roots.sort(byStart).forEach((r) => walk(r, 0));
+  const critical = criticalPath(roots, kids);
   const traceIds = [...new Set(spans.map((s) => s.trace_id))].sort();
   const flagged = new Map();
   for (const f of summary.flags || []) if (f.span_id) (flagged.get(f.span_id) || flagged.set(f.span_id, []).get(f.span_id)).push(f.name);
-  // Stages of the breakdown, end to end from the request's start.
+  // Stages of the breakdown, end to end from the request's start, clamped to the spans' time.
   const startNs = Date.parse(summary.start) * 1e6 + Number((summary.start.match(/\.\d{3}(\d*)/) || [, ""])[1].padEnd(6, "0").slice(0, 6)) * 1;
   let at = isNaN(startNs) ? t0 : Math.max(t0, startNs);
   const bands = [];
   for (const st of STAGES) {
-    const dur = (summary.breakdown_s || {})[st];
-    if (!dur) continue;
-    const end = at + dur * 1e9;
-    bands.push([st, dur, at, end]);
+    const d = (summary.breakdown_s || {})[st];
+    if (!d) continue;
+    const end = at + d * 1e9;
+    if (clamp(end) > clamp(at)) bands.push([st, d, clamp(at), clamp(end)]);
     at = end;
   }
-  // The stages shade every row's track, so each span reads against the stage it fell in.
-  const shades = () => bands.map(([st, dur, a, b]) =>
-    h("div", { class: `stage stage-${st}`, style: `left:${x(a)};width:${w(a, b)}`, title: `${st} ${secs(dur)}` }));
-  const legend = h("div", { class: "legend" }, STAGES.filter((st) => (summary.breakdown_s || {})[st]).map((st) =>
-    h("span", { class: "legenditem" }, h("span", { class: `swatch stage-${st}` }), `${st} ${secs(summary.breakdown_s[st])}`)));
+  const shades = () => bands.map(([st, d, a, b]) =>
+    h("div", { class: `stage stage-${st}`, style: `left:${x(a)};width:${w(a, b)}`, title: `${st} ${secs(d)}` }));
+  const legend = h("div", { class: "legend" },
+    STAGES.filter((st) => (summary.breakdown_s || {})[st]).map((st) =>
+      h("span", { class: "legenditem" }, h("span", { class: `swatch stage-${st}` }), `${st} ${secs(summary.breakdown_s[st])}`)),
+    h("span", { class: "legenditem" }, h("span", { class: "swatch critical-swatch" }), "critical path"));
+  const marks = ticks(total);
+  const ruler = h("div", { class: "wrow axis" },
+    h("div", { class: "wname" }, "span"),
+    h("div", { class: "wtrack ruler", id: "ruler" }, shades(), marks.map((v) => {
+      const p = (v / total) * 100;
+      return h("span", { class: `tick ${p > 85 ? "end" : ""}`, style: `left:${p.toFixed(3)}%` }, dur(v));
+    })));
+  const panel = h("aside", { class: "card spanpanel", id: "span-detail", "aria-live": "polite" },
+    h("p", { class: "muted" }, "Select a span to see all its attributes."));
+  const collapsed = new Set();
+  const rowInfo = [];
+  const relayout = () => {
+    let cut = Infinity;
+    for (const r of rowInfo) {
+      if (r.depth > cut) { r.el.hidden = true; continue; }
+      cut = Infinity;
+      r.el.hidden = false;
+      r.el.classList.toggle("collapsed", collapsed.has(r.s));
+      if (collapsed.has(r.s)) cut = r.depth;
+    }
+  };
   const rows = order.map(([s, depth]) => {
-    const flag = flagged.get(s.span_id);
+    const flag = flagged.get(s.span_id) || [];
     const ti = traceIds.indexOf(s.trace_id);
-    const attrs = Object.entries(s.attributes || {}).map(([k, v]) => h("div", {}, h("code", {}, k), " = ", JSON.stringify(v)));
-    return h("div", { class: `wrow ${flag ? "flagged" : ""} ${s.status_code === 2 ? "error" : ""}`, id: `span-${s.span_id}` },
-      h("div", { class: "wname", style: `padding-left:${depth * 12}px` },
-        h("details", {},
-          h("summary", {}, traceIds.length > 1 ? h("span", { class: `tchip t${ti % 6}`, title: s.trace_id }, `T${ti + 1}`) : "",
-            s.name, (flag || []).map((n) => h("span", { class: `flag flag-${n}` }, n))),
-          h("div", { class: "attrs" },
-            h("div", {}, `${s.service_name || "?"} · span ${s.span_id} · trace ${s.trace_id}` + (s.role ? ` · role ${s.role}` : "")),
-            h("div", {}, `${secs((s.end_ns - s.start_ns) / 1e9)} from +${secs((s.start_ns - t0) / 1e9)}`), attrs))),
-      h("div", { class: "wtrack" }, shades(), h("div", { class: `wbar role-${s.role || "other"}`, style: `left:${x(s.start_ns)};width:${w(s.start_ns, s.end_ns)}`, title: `${s.name} ${secs((s.end_ns - s.start_ns) / 1e9)}` })));
+    const hasKids = (kids.get(s) || []).length > 0;
+    const d = s.end_ns - s.start_ns;
+    const p0 = pos(s.start_ns);
+    const p1 = pos(s.end_ns);
+    const toggle = hasKids
+      ? h("button", { type: "button", class: "toggle", "aria-label": "collapse or expand", onclick: (ev) => {
+        ev.stopPropagation();
+        if (collapsed.has(s)) collapsed.delete(s); else collapsed.add(s);
+        relayout();
+      } })
+      : h("span", { class: "toggle-spacer" });
+    const el = h("div", {
+      class: `wrow ${flag.length ? "flagged" : ""} ${s.status_code === 2 ? "error" : ""} ${critical.has(s) ? "critical" : ""}`,
+      id: `span-${s.span_id}`, "data-depth": depth, tabindex: 0, role: "button",
+      onclick: () => select(s), onkeydown: (ev) => { if (ev.key === "Enter") select(s); },
+    },
+    h("div", { class: "wname", style: `padding-left:${depth * 12}px` }, toggle,
+      traceIds.length > 1 ? h("span", { class: `tchip t${ti % 6}`, title: s.trace_id }, `T${ti + 1}`) : "",
+      h("span", { class: "sname", title: s.name }, s.name), " ",
+      h("span", { class: "svc muted" }, s.service_name || ""),
+      flag.map((n) => h("span", { class: `flag flag-${n}` }, n))),
+    h("div", { class: "wtrack" }, shades(),
+      h("div", { class: `wbar role-${s.role || "other"}`, style: `left:${x(s.start_ns)};width:${w(s.start_ns, s.end_ns)}`, title: `${s.name} ${dur(d)}` }),
+      // The duration beside its bar: after it, inside its end when the bar is long and runs to
+      // the right edge, before it otherwise.
+      p1 <= 75 ? h("span", { class: "wdur", style: `left:${(p1 + 0.5).toFixed(3)}%` }, dur(d))
+        : p1 - p0 > 12 ? h("span", { class: "wdur inside", style: `right:${(100 - p1 + 0.5).toFixed(3)}%` }, dur(d))
+          : h("span", { class: "wdur", style: `right:${(100 - p0 + 0.5).toFixed(3)}%` }, dur(d))));
+    rowInfo.push({ s, depth, el });
+    return el;
   });
+  const select = (s) => {
+    for (const r of rowInfo) r.el.classList.toggle("target", r.s === s);
+    panel.replaceChildren(...spanDetail(s, t0, flagged.get(s.span_id) || [], critical.has(s)).flat().filter(Boolean));
+    // Expand the span's ancestors, so a selected span is always on screen.
+    let p = byId.get(`${s.trace_id}/${s.parent_span_id}`);
+    while (p) { collapsed.delete(p); p = byId.get(`${p.trace_id}/${p.parent_span_id}`); }
+    relayout();
+  };
+  selectSpan = (id) => {
+    const s = spans.find((sp) => sp.span_id === id);
+    if (s) select(s);
+  };
   const traces = traceIds.length > 1
     ? h("p", {}, `Stitched from ${traceIds.length} traces: `, traceIds.map((t, i) => h("span", { class: `tchip t${i % 6}` }, `T${i + 1} ${t}`)))
     : h("p", { class: "muted" }, `trace ${traceIds[0]}`);
-  return section(`Spans (${spans.length}) on one time axis — ${secs(span / 1e9)}`, traces, legend,
-    h("div", { class: "waterfall", id: "waterfall" },
-      h("div", { class: "wrow axis" }, h("div", { class: "wname" }, "span"), h("div", { class: "wtrack" }, shades())),
-      rows),
+  const tools = h("div", { class: "tabs" },
+    h("button", { type: "button", class: "small", id: "collapse-all", onclick: () => { for (const r of rowInfo) if ((kids.get(r.s) || []).length) collapsed.add(r.s); relayout(); } }, "collapse all"),
+    h("button", { type: "button", class: "small", id: "expand-all", onclick: () => { collapsed.clear(); relayout(); } }, "expand all"),
+    h("span", { class: "muted" }, `${critical.size} spans on the critical path`));
+  return section(`Spans (${spans.length}) on one time axis — ${dur(total)}`, traces, legend, tools,
+    h("div", { class: "wflayout" },
+      h("div", { class: "waterfall", id: "waterfall" }, ruler, rows),
+      panel),
     trace.truncated ? h("p", { class: "warn" }, "Only the first spans are shown.") : "");
 }
