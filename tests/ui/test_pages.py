@@ -9,16 +9,40 @@ import pytest
 
 from tests.ui.ui_helpers import TOKEN, Page, first_with_flag
 
-PAGES = ["/", "/?window=24h", "/requests", "/topology"]
+PAGES = [
+    "/",
+    "/?window=15m",
+    "/?window=6h",
+    "/?window=24h",
+    "/requests",
+    "/requests?range=1h",
+    "/requests?range=custom&since=2020-01-01T00:00:00Z",
+    "/topology",
+    "/topology?window=24h",
+    "/contract",
+]
 
 
 def _pages(api: httpx.Client) -> list[str]:
+    """Every page kind, and every request page of the flags whose pages overflowed (their
+    breakdown bands were laid end to end past the spans' time)."""
     tcp = first_with_flag(api, "tcp_fallback")["trace_id"]
     xr = first_with_flag(api, "cross_rail")["trace_id"]
-    return [*PAGES, f"/requests/{tcp}", f"/requests/{xr}", "/requests?flag=cross_rail&order=ttft"]
+    wide = [
+        s["trace_id"]
+        for flag in ("kv_transfer_failed", "broken_trace")
+        for s in api.get("/api/v1/requests", params={"flag": flag, "limit": 200}).json()["items"]
+    ]
+    return [
+        *PAGES,
+        f"/requests/{tcp}",
+        f"/requests/{xr}",
+        "/requests?flag=cross_rail&order=ttft",
+        *(f"/requests/{t}" for t in dict.fromkeys(wide)),
+    ]
 
 
-@pytest.mark.parametrize("width", [1280, 390])
+@pytest.mark.parametrize("width", [1440, 390])
 def test_every_page_renders_without_console_errors(
     browser: Any, service: Any, api: httpx.Client, width: int
 ) -> None:

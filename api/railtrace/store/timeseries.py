@@ -33,8 +33,9 @@ MAX_BUCKETS = 240
 RAW_WINDOW_NS = 6 * HOUR_NS
 # Longest window served: at most ~2,200 hours of rollup rows per group.
 MAX_WINDOW_NS = 92 * 24 * HOUR_NS
-# Transfers are grouped from the request rows: their window is bounded, as is their answer.
-MAX_TRANSFER_WINDOW_NS = 24 * HOUR_NS
+# Transfers are grouped from the request rows: their window is bounded (a day, with an hour to
+# spare for a browser's clock ahead of the service's), as is their answer.
+MAX_TRANSFER_WINDOW_NS = 25 * HOUR_NS
 MAX_TRANSFER_GROUPS = 1000
 
 

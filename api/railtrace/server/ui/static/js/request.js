@@ -198,7 +198,8 @@ function waterfallSection(summary, spans, trace) {
   const clamp = (ns) => Math.min(t1, Math.max(t0, ns));
   const pos = (ns) => ((clamp(ns) - t0) / total) * 100;
   const x = (ns) => `${pos(ns).toFixed(3)}%`;
-  const w = (a, b) => `${Math.max(0.2, Math.min(100 - pos(a), pos(b) - pos(a))).toFixed(3)}%`;
+  // At least 0.2 % wide, never past the right edge.
+  const w = (a, b) => `${Math.min(100 - pos(a), Math.max(0.2, pos(b) - pos(a))).toFixed(3)}%`;
   // Tree order: children under their parent, siblings and roots by start time.
   const byId = new Map(spans.map((s) => [`${s.trace_id}/${s.span_id}`, s]));
   const kids = new Map();
