@@ -12,7 +12,8 @@ const count = (v) => (Number.isInteger(v) ? v.toLocaleString() : v.toFixed(1));
 // Time of day (UTC) for an axis label; the date too when the span is over a day.
 function timeLabel(ms, spanMs) {
   const iso = new Date(ms).toISOString();
-  return spanMs > 36 * 3600e3 ? `${iso.slice(5, 10)} ${iso.slice(11, 16)}` : iso.slice(11, 16);
+  if (spanMs > 36 * 3600e3) return `${iso.slice(5, 10)} ${iso.slice(11, 16)}`;
+  return spanMs && spanMs < 600e3 ? iso.slice(11, 19) : iso.slice(11, 16);
 }
 
 function niceMax(v) {

@@ -38,7 +38,7 @@ export async function contractPage(main) {
     h("td", {}, p.node || "—", p.node ? h("div", { class: "muted" }, nodeLinks.map((f, i) => [i ? " · " : "", f(p.node)])) : null),
     OBLIGATIONS.map((o) => cell((p.obligations || {})[o]))));
   const broken = (contract.pods || []).filter((p) => OBLIGATIONS.some((o) => ((p.obligations || {})[o] || {}).status === "broken")).length;
-  main.replaceChildren(
+  main.replaceChildren(...[
     h("div", { class: "pagehead" }, h("h1", {}, "Contract audit")),
     h("p", { class: "meta" }, `${contract.mode || ""} audit of ${(contract.pods || []).length} pods at ${contract.generated_at || "?"}: `,
       broken ? h("span", { class: "bad" }, `${broken} pods break an obligation`) : h("span", { class: "ok" }, "every obligation holds"),
@@ -47,5 +47,6 @@ export async function contractPage(main) {
     section("Fleet and pools", table(["", "members", ...OBLIGATIONS], [
       countRow("fleet", (contract.fleet || {}).members, fleet),
       ...(contract.pools || []).map((p) => countRow(`pool ${p.pool}`, p.members, p.obligations))], "compact contract")),
-    section("Per pod", table(["pod", "pool", "node", ...OBLIGATIONS], pods, "compact contract")));
+    section("Per pod", table(["pod", "pool", "node", ...OBLIGATIONS], pods, "compact contract")),
+  ].filter(Boolean));
 }

@@ -126,7 +126,7 @@ function durationChart(items, orderKey) {
   }));
   const ts = points.map((p) => p.t_ms);
   return h("section", { class: "card scatter" },
-    h("h2", {}, `${what} of the requests shown, over time`),
+    h("h2", {}, `${what[0].toUpperCase()}${what.slice(1)} of the requests shown, over time (UTC)`),
     scatter(points, { x0: Math.min(...ts), x1: Math.max(...ts), yFmt: secs, id: "duration-chart", label: `${what} per request over time` }),
     h("div", { class: "legend" }, h("span", {}, h("span", { class: "swatch dot-flagged" }), "flagged"),
       h("span", {}, h("span", { class: "swatch dot-ok" }), "no flag")));
