@@ -50,7 +50,7 @@ def main() -> None:
                 "request-tcp-fallback": f"/requests/{first('tcp_fallback')}",
                 "request-cross-rail": f"/requests/{first('cross_rail')}",
                 "request-waterfall": f"/requests/{first('kv_transfer_failed')}",
-                "topology": "/topology?window=24h",
+                "topology": "/topology?window=3h",
                 "contract": "/contract",
             }
             narrow = ("overview", "request-tcp-fallback", "topology")

@@ -18,7 +18,7 @@ PAGES = [
     "/requests?range=1h",
     "/requests?range=custom&since=2020-01-01T00:00:00Z",
     "/topology",
-    "/topology?window=24h",
+    "/topology?window=3h",
     "/contract",
 ]
 

@@ -130,7 +130,7 @@ def test_the_waterfall_has_a_ruler_durations_a_critical_path_and_a_side_panel(
 
 def test_topology_draws_rails_pairings_and_transfers(page: Page, api: httpx.Client) -> None:
     topo = api.get("/api/v1/topology").json()
-    pg = page.open("/topology?window=24h")
+    pg = page.open("/topology?window=3h")
     matrix = pg.locator("table.matrix tbody tr")
     assert matrix.count() == len(topo["nodes"])
     text = pg.inner_text("table.matrix")
@@ -144,7 +144,7 @@ def test_topology_draws_rails_pairings_and_transfers(page: Page, api: httpx.Clie
                     assert f"{p['gpu']} ↔ {nics[nic]['rdma_device'] or nic}" in row
                     pairs += 1
     assert pairs > 0 and "rail 0" in text
-    since = pg.evaluate("Math.floor(Date.now() / 1000) - 86400")
+    since = pg.evaluate("Math.floor(Date.now() / 1000) - 10800")
     groups = api.get("/api/v1/stats/transfers", params={"since": since}).json()["groups"]
     assert pg.locator("#transfers path.edge").count() == len(groups) > 0
     classes = {g["path_class"] for g in groups}

@@ -1,11 +1,14 @@
 """Requests, flags and TTFT quantiles per time bucket, and KV transfers per node pair and path.
 
-The overview's trends and the list's totals need counts over time, and a day of request rows is
+The overview's trends need counts over time, and a day of request rows is
 linear in traffic. So a bucket of an hour or more is read from the per-hour rollups
 (`stats_hourly` for counts, `ttft_hourly` for TTFT histograms, kept by `rollup.RollupDelta`), and
 only the window's partial edge hours from the covering index `ix_requests_start_ttft` (never a
-row) plus the flag rows of those hours. Buckets shorter than an hour are read from the index and
-the flag rows alone, so `step_for` gives them only to windows of at most `RAW_WINDOW_NS`.
+row) plus the flag rows of those hours, both counted by the database. Buckets shorter than an
+hour are read from the index and the flag rows alone, so `step_for` gives them only to windows
+of at most `RAW_WINDOW_NS`: at 10 M spans a day (36,000 requests an hour) a 6-hour window of
+10-minute buckets took 330 ms, nearly all of it the scan of its index entries, where whole hours
+take 80-100 ms for a day (benchmarks/ui/README.md, "Time series").
 
 Buckets are aligned on multiples of the step from the unix epoch (whole UTC hours and days), the
 first and last clipped to the window: a bucket's hours all fall in it.
@@ -13,29 +16,44 @@ first and last clipped to the window: a bucket's hours all fall in it.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import BigInteger, Connection, case, cast, func, literal, select
+from sqlalchemy.exc import OperationalError
 
+from railtrace.store.engine import is_sqlite
 from railtrace.store.quantiles import histogram_quantile
-from railtrace.store.rollup import HOUR_NS, RELATIVE_ERROR, bucket_of, decode_key, hour_of
+from railtrace.store.rollup import (
+    GAMMA,
+    HOUR_NS,
+    MIN_TTFT_S,
+    NO_TTFT,
+    RELATIVE_ERROR,
+    ZERO_BUCKET,
+    bucket_of,
+    decode_key,
+    hour_of,
+)
 from railtrace.store.schema import request_flags, requests, stats_hourly, ttft_hourly
 
 MINUTE_NS = 60 * 10**9
+LOG_GAMMA = math.log(GAMMA)
 # The steps a window is cut into, smallest first: the smallest that keeps the buckets at most
 # the asked-for number is taken.
 STEPS_NS = tuple(m * MINUTE_NS for m in (1, 2, 5, 10, 15, 30, 60, 120, 180, 360, 720, 1440, 2880, 10080))
 MAX_BUCKETS = 240
 # Longest window read from request index entries alone (steps under an hour); longer windows
 # get steps of whole hours, read from the rollups.
-RAW_WINDOW_NS = 6 * HOUR_NS
+RAW_WINDOW_NS = 2 * HOUR_NS
 # Longest window served: at most ~2,200 hours of rollup rows per group.
 MAX_WINDOW_NS = 92 * 24 * HOUR_NS
-# Transfers are grouped from the request rows: their window is bounded (a day, with an hour to
-# spare for a browser's clock ahead of the service's), as is their answer.
-MAX_TRANSFER_WINDOW_NS = 25 * HOUR_NS
+# Transfers are grouped from the request rows (1 h: 50 ms, 24 h: 2.3 s at 10 M spans a day): their
+# window is bounded (3 hours, and 10 minutes to spare for a browser's clock ahead of the
+# service's), as is their answer.
+MAX_TRANSFER_WINDOW_NS = 3 * HOUR_NS + 10 * MINUTE_NS
 MAX_TRANSFER_GROUPS = 1000
 
 
@@ -93,12 +111,11 @@ def timeseries(store: Any, since_ns: int, until_ns: int, step_ns: int) -> dict[s
         for a, b in edges:
             if a >= b:
                 continue
-            for start, path_class, value in conn.execute(_edge_rows(a, b)):
-                i = index(start)
-                paths[i][path_class or "unknown"] += 1
-                ttft[i][bucket_of(value)] += 1
-            for flag, start in _flag_rows(conn, a, b):
-                flags[index(start)][flag] += 1
+            for at, path_class, tb, count in _edge_counts(conn, a, b, step_ns):
+                paths[at - first][path_class or "unknown"] += int(count)
+                ttft[at - first][int(tb)] += int(count)
+            for flag, at, count in _flag_counts(conn, a, b, step_ns):
+                flags[at - first][flag] += int(count)
     out = []
     for i in range(n):
         start = max(since_ns, (first + i) * step_ns)
@@ -142,23 +159,47 @@ def _ttft_rollup(conn: Connection, lo: int, hi: int) -> Iterable[Any]:
     )
 
 
-def _edge_rows(since_ns: int, until_ns: int) -> Any:
-    """Every column is in `ix_requests_start_ttft`: index entries, never a row."""
+def _edge_counts(conn: Connection, since_ns: int, until_ns: int, step_ns: int) -> Iterable[Any]:
+    """(step number, path class, TTFT bucket, requests) of [since, until), counted by the
+    database over the covering index (index entries, never a row): Python's loop over 200,000
+    entries (6 hours at 10 M spans a day) took 3-4 times as long as the scan itself.
+
+    The TTFT bucket is `rollup.bucket_of` in SQL (`ln`, `ceil`); a SQLite built without its math
+    functions gets the entries and buckets them here instead."""
     r = requests
-    return select(r.c.start_ns, r.c.path_class, r.c.ttft_s).where(
-        r.c.start_ns >= since_ns, r.c.start_ns < until_ns
-    )
+    at = (r.c.start_ns // step_ns).label("at")
+    where = (r.c.start_ns >= since_ns, r.c.start_ns < until_ns)
+    tb = case(
+        (r.c.ttft_s.is_(None), literal(NO_TTFT)),
+        (r.c.ttft_s <= MIN_TTFT_S, literal(ZERO_BUCKET)),
+        else_=cast(func.ceil(func.ln(r.c.ttft_s) / LOG_GAMMA), BigInteger),
+    ).label("tb")
+    stmt = select(at, r.c.path_class, tb, func.count()).where(*where).group_by(at, r.c.path_class, tb)
+    try:
+        return conn.execute(stmt).all()
+    except OperationalError:
+        if not is_sqlite(conn):
+            raise
+        # No ln() in this SQLite: a failed SELECT leaves its transaction as it was.
+        counts: Counter[tuple[int, str | None, int]] = Counter()
+        plain = select(r.c.start_ns, r.c.path_class, r.c.ttft_s).where(*where)
+        for start, path_class, value in conn.execute(plain):
+            counts[(start // step_ns, path_class, bucket_of(value))] += 1
+        return [(*key, n) for key, n in counts.items()]
 
 
-def _flag_rows(conn: Connection, since_ns: int, until_ns: int) -> Iterable[Any]:
-    """Flag rows in the range, joined to their request row as the stats count them."""
+def _flag_counts(conn: Connection, since_ns: int, until_ns: int, step_ns: int) -> Iterable[Any]:
+    """(flag, step number, requests) of the flag rows in the range, each joined to its request
+    row as the stats count them."""
     f, r = request_flags, requests
+    at = (f.c.start_ns // step_ns).label("at")
     stmt = (
-        select(f.c.flag, f.c.start_ns)
+        select(f.c.flag, at, func.count())
         .join(r, r.c.trace_id == f.c.trace_id)
         .where(f.c.start_ns >= since_ns, f.c.start_ns < until_ns)
+        .group_by(f.c.flag, at)
     )
-    return conn.execute(stmt)
+    return conn.execute(stmt).all()
 
 
 def transfers(store: Any, since_ns: int, until_ns: int) -> dict[str, Any]:
@@ -168,7 +209,7 @@ def transfers(store: Any, since_ns: int, until_ns: int) -> dict[str, Any]:
     if until_ns <= since_ns:
         raise WindowError("the window is empty: until must be after since")
     if until_ns - since_ns > MAX_TRANSFER_WINDOW_NS:
-        raise WindowError(f"the window is longer than {MAX_TRANSFER_WINDOW_NS // HOUR_NS} hours")
+        raise WindowError("the window is longer than 3 hours")
     r = requests
     keys = (r.c.prefill_node, r.c.decode_node, r.c.path_class, r.c.pairing_level)
     stmt = (

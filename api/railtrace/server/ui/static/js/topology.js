@@ -7,8 +7,8 @@ import { bytes, h, maybe, pathBadge, secs, section, short, svg, table } from "./
 export const nodeLinks = [(name) => h("a", { href: `/requests?node=${encodeURIComponent(name)}` }, "requests")];
 export const podLinks = [(name) => h("a", { href: `/requests?pod=${encodeURIComponent(name)}` }, "requests")];
 
-// The window whose KV transfers are drawn (`?window=`), in seconds: at most a day (the API's bound).
-const WINDOWS = { "1h": [3600, "last hour"], "6h": [21600, "last 6 h"], "24h": [86400, "last day"] };
+// The window whose KV transfers are drawn (`?window=`), in seconds: at most 3 hours (the API's bound).
+const WINDOWS = { "15m": [900, "last 15 min"], "1h": [3600, "last hour"], "3h": [10800, "last 3 h"] };
 
 export async function topologyPage(main, params) {
   const win = Object.hasOwn(WINDOWS, (params && params.get("window")) || "") ? params.get("window") : "1h";
