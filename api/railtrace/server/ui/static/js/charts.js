@@ -5,7 +5,7 @@ import { h, svg } from "./common.js";
 
 const W = 640;
 const H = 170;
-const PAD = { l: 48, r: 10, t: 10, b: 22 };
+const PAD = { l: 58, r: 10, t: 12, b: 24 };
 // Counts on an axis: whole numbers as they are, fractions to one decimal.
 const count = (v) => (Number.isInteger(v) ? v.toLocaleString() : v.toFixed(1));
 
