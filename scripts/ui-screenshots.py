@@ -49,18 +49,30 @@ def main() -> None:
                 "requests": "/requests?flag=cross_rail",
                 "request-tcp-fallback": f"/requests/{first('tcp_fallback')}",
                 "request-cross-rail": f"/requests/{first('cross_rail')}",
-                "topology": "/topology",
+                "request-waterfall": f"/requests/{first('kv_transfer_failed')}",
+                "topology": "/topology?window=3h",
+                "contract": "/contract",
             }
+            narrow = ("overview", "request-tcp-fallback", "topology")
             browser = p.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"])
-            for width, suffix in ((1280, ""), (390, "-narrow")):
-                page = browser.new_page(viewport={"width": width, "height": 800})
+            for width, height, suffix in ((1440, 900, ""), (390, 800, "-narrow")):
+                page = browser.new_page(viewport={"width": width, "height": height})
                 for name, path in pages.items():
-                    if suffix and name not in ("overview", "request-tcp-fallback"):
+                    if suffix and name not in narrow:
                         continue
                     page.goto(svc.http_url + path)
                     page.wait_for_selector("main[aria-busy=false]")
-                    page.screenshot(path=str(args.out / f"{name}{suffix}.png"), full_page=name != "topology")
-                    print(args.out / f"{name}{suffix}.png")
+                    shot = args.out / f"{name}{suffix}.png"
+                    if name == "request-waterfall":
+                        # The waterfall alone, its KV transfer span selected in the side panel.
+                        page.click("#waterfall .wrow.flagged .sname")
+                        page.locator("section:has(#waterfall)").screenshot(path=str(shot))
+                    else:
+                        # Long pages are cut at three screens: the top is what a person sees first.
+                        full = page.evaluate("document.documentElement.scrollHeight")
+                        clip = {"x": 0, "y": 0, "width": width, "height": min(full, 3 * height)}
+                        page.screenshot(path=str(shot), full_page=True, clip=clip)
+                    print(shot)
             browser.close()
 
 

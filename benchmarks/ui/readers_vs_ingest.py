@@ -44,7 +44,7 @@ from railtrace.store import Store
 
 SPANS_PER_CALL = 512
 
-# The UI's pages and the API calls each makes (api/railtrace/server/ui/static/app.js), weighted
+# The UI's pages and the API calls each makes (api/railtrace/server/ui/static/js/*.js), weighted
 # by how often a user looking into slow requests opens them.
 PAGES: tuple[tuple[str, float], ...] = (("overview", 0.2), ("list", 0.4), ("request", 0.4))
 
@@ -52,13 +52,15 @@ PAGES: tuple[tuple[str, float], ...] = (("overview", 0.2), ("list", 0.4), ("requ
 def page_calls(page: str, ids: list[str], rng: random.Random) -> tuple[str, list[str]]:
     """(page shell path, API paths fetched at once) of one visit."""
     if page == "overview":
+        since = int(time.time()) - 3600
         return "/", [f"/api/v1/stats?group_by={g}" for g in ("path_class", "flag", "pair")] + [
             "/api/v1/stats/ttft",
+            f"/api/v1/stats/timeseries?since={since}&buckets=60",
             "/readyz",
         ]
     if page == "list":
         query = rng.choice(("limit=50", "limit=50&order=ttft", "limit=50&path_class=unknown", "limit=200"))
-        return "/requests", [f"/api/v1/requests?{query}"]
+        return "/requests", [f"/api/v1/requests?{query}", "/api/v1/stats?group_by=path_class"]
     tid = rng.choice(ids)
     return f"/requests/{tid}", [f"/api/v1/requests/{tid}", f"/api/v1/traces/{tid}"]
 

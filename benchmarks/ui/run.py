@@ -137,6 +137,7 @@ def main() -> None:
                 f"/requests/{t}" for t in rng.sample(info["ids"], min(len(info["ids"]), args.repeat))
             ],
             "topology": ["/topology"],
+            "contract audit": ["/contract"],
         }
         browser = p.chromium.launch(executable_path=args.chromium, args=["--no-sandbox", "--disable-gpu"])
         page = browser.new_page(viewport={"width": 1280, "height": 800})

@@ -218,10 +218,12 @@ def test_share_from_prometheus_counters(
             if x.startswith(f'{semconv.M_TRACED_SHARE}{{source="prometheus"}}')
         )
         assert float(line.rsplit(" ", 1)[1]) == pytest.approx(sampling["traced_share"], rel=0.2)
-        # The overview reads this answer (app.js `samplingNote`, the "traced share" tile).
+        # The overview reads this answer (js/overview.js `samplingNote`, the "traced share" tile).
         shell = httpx.get(base + "/", timeout=10).text
-        script = httpx.get(base + "/ui/static/app.js", timeout=10).text
-        assert "app.js" in shell and "group_by=coverage" in script and "traced share" in script
+        router = httpx.get(base + "/ui/static/app.js", timeout=10).text
+        script = httpx.get(base + "/ui/static/js/overview.js", timeout=10).text
+        assert "app.js" in shell and "./js/overview.js" in router
+        assert "group_by=coverage" in script and "traced share" in script
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

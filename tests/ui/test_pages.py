@@ -9,16 +9,40 @@ import pytest
 
 from tests.ui.ui_helpers import TOKEN, Page, first_with_flag
 
-PAGES = ["/", "/?window=24h", "/requests", "/topology"]
+PAGES = [
+    "/",
+    "/?window=15m",
+    "/?window=6h",
+    "/?window=24h",
+    "/requests",
+    "/requests?range=1h",
+    "/requests?range=custom&since=2020-01-01T00:00:00Z",
+    "/topology",
+    "/topology?window=3h",
+    "/contract",
+]
 
 
 def _pages(api: httpx.Client) -> list[str]:
+    """Every page kind, and every request page of the flags whose pages overflowed (their
+    breakdown bands were laid end to end past the spans' time)."""
     tcp = first_with_flag(api, "tcp_fallback")["trace_id"]
     xr = first_with_flag(api, "cross_rail")["trace_id"]
-    return [*PAGES, f"/requests/{tcp}", f"/requests/{xr}", "/requests?flag=cross_rail&order=ttft"]
+    wide = [
+        s["trace_id"]
+        for flag in ("kv_transfer_failed", "broken_trace")
+        for s in api.get("/api/v1/requests", params={"flag": flag, "limit": 200}).json()["items"]
+    ]
+    return [
+        *PAGES,
+        f"/requests/{tcp}",
+        f"/requests/{xr}",
+        "/requests?flag=cross_rail&order=ttft",
+        *(f"/requests/{t}" for t in dict.fromkeys(wide)),
+    ]
 
 
-@pytest.mark.parametrize("width", [1280, 390])
+@pytest.mark.parametrize("width", [1440, 390])
 def test_every_page_renders_without_console_errors(
     browser: Any, service: Any, api: httpx.Client, width: int
 ) -> None:
@@ -75,7 +99,9 @@ def test_a_tcp_fallback_request_shows_its_path_and_evidence(page: Page, api: htt
     row = pg.locator(f"#span-{flag['span_id']}")
     assert "target" in (row.get_attribute("class") or "")
     assert "llm_d.kv_transfer" in row.inner_text()
-    assert pg.locator(f"#span-{flag['span_id']} details[open]").count() == 1
+    # Its details, every attribute, are in the side panel.
+    panel = pg.inner_text("#span-detail")
+    assert flag["span_id"] in panel and "llm_d.kv_transfer.transport" in panel
     assert pg.locator("#waterfall .wrow").count() == s["span_count"] + 1  # + the axis row
     assert page.errors == []
 

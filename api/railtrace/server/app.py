@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from railtrace.server import otlp_http
 from railtrace.server.read_gate import ReadAdmission, ReadGate
@@ -18,6 +19,7 @@ from railtrace.server.routers import v1 as api_v1
 from railtrace.server.runtime import Runtime
 from railtrace.server.security import AccessMiddleware, ASGIApp, SecurityHeaders
 from railtrace.server.ui import create_router as ui_router
+from railtrace.server.ui import not_found_page
 from railtrace.settings import Settings
 
 
@@ -123,4 +125,5 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.include_router(
         ui_router(settings.grafana_url, settings.grafana_datasource_uid)
     )  # the read-only web UI at `/`; its data comes from /api/v1
+    app.add_exception_handler(StarletteHTTPException, not_found_page)  # HTML 404 outside the APIs
     return app
