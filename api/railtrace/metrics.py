@@ -45,6 +45,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import INF, floatToGoString
 
+from railtrace.incidents.group import PRIMARY
 from railtrace.model import resolution_label
 from railtrace_tracing import semconv
 from railtrace_tracing.semconv import FlagName, PathClass
@@ -99,6 +100,8 @@ ERROR_KINDS = 20
 # series on first use.
 _PROTOCOLS = ("http", "grpc")
 _FLAG_SERIES: list[tuple[str, ...]] = [(flag.value, pc.value) for flag in FlagName for pc in PathClass]
+_CAUSES = frozenset(flag.value for flag in FlagName)
+_CAUSE_SERIES: list[tuple[str, ...]] = [(c,) for c in [*sorted(_CAUSES), semconv.CAUSE_NONE]]
 KNOWN_SERIES: dict[str, list[tuple[str, ...]]] = {
     semconv.M_SPANS_RECEIVED: [(p,) for p in _PROTOCOLS],
     semconv.M_THROTTLED: [(p,) for p in _PROTOCOLS],
@@ -108,6 +111,8 @@ KNOWN_SERIES: dict[str, list[tuple[str, ...]]] = {
     ],
     semconv.M_FLAGS: _FLAG_SERIES,
     semconv.M_FLAGS_RETRACTED: _FLAG_SERIES,
+    semconv.M_SECONDS_LOST: _CAUSE_SERIES,
+    semconv.M_SECONDS_LOST_RETRACTED: _CAUSE_SERIES,
 }
 
 # Whether the topology knows a value of a bounded label's set: (set, value) -> bool.
@@ -486,12 +491,31 @@ class _Series:
 _TYPES: dict[str, type[_Family]] = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
 
 
+# Below this, a difference of seconds lost between two assemblies is rounding (summaries keep
+# microseconds), not a change to count.
+_SECONDS_EPSILON = 1e-9
 # What `request_assembled` takes as a number (isinstance with a tuple is quicker than `int | float`).
 _NUMBER = (int, float)
 
 
 def _label(value: Any) -> str:
     return "" if value is None else str(value)[:128]
+
+
+def lost_cause(flag_names: Iterable[str] | None) -> str:
+    """The `cause` label of a request's seconds lost: its primary flag, as incidents pick it
+    (one cause per request, so sums over causes count a second once); `none` without a flag."""
+    names = set(flag_names or ())
+    primary = next((c for c in PRIMARY if c in names), min(names, default=None))
+    if primary is None:
+        return semconv.CAUSE_NONE
+    return primary if primary in _CAUSES else OTHER
+
+
+def _seconds_lost(cost: dict[str, Any] | None) -> float:
+    """`cost.ttft_s_lost` of a summary when it is a positive number, else 0."""
+    lost = (cost or {}).get("ttft_s_lost")
+    return float(lost) if isinstance(lost, _NUMBER) and lost > 0 else 0.0
 
 
 class Metrics:
@@ -525,6 +549,7 @@ class Metrics:
         self._requests: Counter = f[semconv.M_REQUESTS]
         self._pairings: Counter = f[semconv.M_PAIRINGS]
         self._flags: Counter = f[semconv.M_FLAGS]
+        self._seconds_lost: Counter = f[semconv.M_SECONDS_LOST]
         self._resolution: Counter = f[semconv.M_LEG_RESOLUTION]
         self._kv_transfers: Counter = f[semconv.M_KV_TRANSFERS]
         self._kv_duration: Histogram = f[semconv.M_KV_DURATION]
@@ -616,6 +641,7 @@ class Metrics:
             recipe = (new.get("coverage") or {}).get("recipe")
             identity = new.get("identity") or {}
             resolved = bool(new.get("resolved"))
+            lost = _seconds_lost(new.get("cost"))
         else:
             trace_id, model, pairing_level = str(new.trace_id), new.model, new.pairing_level
             kv = new.kv_transfer
@@ -625,6 +651,8 @@ class Metrics:
             flag_names = {f.name for f in new.flags} if new.flags else None
             ttft, breakdown = new.ttft_s, new.breakdown_s
             recipe, identity, resolved = new.coverage.get("recipe"), new.identity, new.resolved
+            lost = _seconds_lost(new.cost)
+        cause = lost_cause(flag_names) if lost else ""
         if len(trace_id) > 128 - len(semconv.EXEMPLAR_TRACE_ID_LABEL):
             raise ValueError("Exemplar labels have more than 128 UTF-8 characters")
         ex = {semconv.EXEMPLAR_TRACE_ID_LABEL: trace_id}
@@ -655,6 +683,8 @@ class Metrics:
                         _label(pairing_level or "unknown"),
                     )
                     _inc(self._pairings, key, 1, one)
+                if lost:
+                    _inc(self._seconds_lost, (cause,), lost, (ex, lost, now))
             if verdicts:
                 for name in flags:
                     _inc(self._flags, (_label(name), path_class), 1, one)
@@ -708,34 +738,38 @@ class Metrics:
         dicts = [s if isinstance(s, dict) else s.to_dict() for s in new]
         with self._lock:
             now = time.time()
-            gained: dict[tuple[str, tuple[str, ...]], tuple[int, str]] = {}
+            gained: dict[tuple[str, tuple[str, ...]], tuple[float, str]] = {}
             for d in dicts:
-                for fk in self._verdict_keys(d):
-                    n, _ = gained.get(fk, (0, ""))
-                    gained[fk] = (n + 1, str(d.get("trace_id", "")))
+                for name, key, amount in self._verdict_keys(d):
+                    n, _ = gained.get((name, key), (0, ""))
+                    gained[name, key] = (n + amount, str(d.get("trace_id", "")))
             for d in old:
-                for fk in self._verdict_keys(d):
-                    n, tid = gained.get(fk, (0, ""))
-                    gained[fk] = (n - 1, tid or str(d.get("trace_id", "")))
+                for name, key, amount in self._verdict_keys(d):
+                    n, tid = gained.get((name, key), (0, ""))
+                    gained[name, key] = (n - amount, tid or str(d.get("trace_id", "")))
             for (name, key), (n, tid) in gained.items():
+                if abs(n) < _SECONDS_EPSILON:  # equal, or seconds that differ by rounding only
+                    continue
                 if n > 0:
-                    ex = ({semconv.EXEMPLAR_TRACE_ID_LABEL: tid}, 1, now) if tid else None
+                    value = n if name == semconv.M_SECONDS_LOST else 1
+                    ex = ({semconv.EXEMPLAR_TRACE_ID_LABEL: tid}, value, now) if tid else None
                     _inc(self.families[name], key, n, ex)
-                elif n < 0:
+                else:
                     _inc(self.families[semconv.RETRACTED[name]], key, -n, None)
 
-    def _verdict_keys(self, d: dict[str, Any]) -> list[tuple[str, tuple[str, ...]]]:
-        """The verdict counter series a stored summary counts in, as `request_assembled` counts
-        a first assembly; the caller holds the lock."""
+    def _verdict_keys(self, d: dict[str, Any]) -> list[tuple[str, tuple[str, ...], float]]:
+        """The verdict counter series a stored summary counts in, and by how much (1, or its
+        seconds lost), as `request_assembled` counts a first assembly; the caller holds the lock."""
         kv = d.get("kv_transfer") or None
         path_class = _label((kv or {}).get("path_class") or "unknown")
         model = _label(d.get("model"))
         resolution = resolution_label(bool(d.get("resolved")), d.get("identity") or {})
-        out: list[tuple[str, tuple[str, ...]]] = [
-            (semconv.M_REQUESTS, (path_class, self._models.get(model) or self._model(model))),
+        out: list[tuple[str, tuple[str, ...], float]] = [
+            (semconv.M_REQUESTS, (path_class, self._models.get(model) or self._model(model)), 1),
             (
                 semconv.M_LEG_RESOLUTION,
                 (_label((d.get("coverage") or {}).get("recipe") or "unknown"), resolution),
+                1,
             ),
         ]
         pre, dec = d.get("prefill") or {}, d.get("decode") or {}
@@ -746,9 +780,13 @@ class Metrics:
                 self._nodes.get(p_node) or self._node(p_node),
                 self._nodes.get(d_node) or self._node(d_node),
             )
-            out.append((semconv.M_PAIRINGS, (*nodes, level)))
-        for name in sorted({f["name"] for f in d.get("flags") or ()}):
-            out.append((semconv.M_FLAGS, (_label(name), path_class)))
+            out.append((semconv.M_PAIRINGS, (*nodes, level), 1))
+        flag_names = sorted({f["name"] for f in d.get("flags") or ()})
+        for name in flag_names:
+            out.append((semconv.M_FLAGS, (_label(name), path_class), 1))
         if kv:
-            out.append((semconv.M_KV_TRANSFERS, (_label(kv.get("transport") or "unknown"), path_class)))
+            out.append((semconv.M_KV_TRANSFERS, (_label(kv.get("transport") or "unknown"), path_class), 1))
+        lost = _seconds_lost(d.get("cost"))
+        if lost:
+            out.append((semconv.M_SECONDS_LOST, (lost_cause(flag_names),), lost))
         return out

@@ -7,6 +7,7 @@ request whose decode engine span comes after its first verdict (judged a broken 
 it arrives). Once assembly is done, each
 verdict counter less its `_retracted_total` must equal the API's stats for the same (whole)
 window, and something must have been retracted, or the test would not exercise re-assembly.
+The seconds lost by cause less their `_retracted_total` equal the stored summaries' `cost`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
+from railtrace.metrics import lost_cause
 from railtrace.server.runner import Service
 from railtrace.simulator import scenarios as scen
 from railtrace.simulator.emit import Emitter, Processes, otlp_http_exporter
@@ -115,6 +117,19 @@ def test_metrics_agree_with_the_api_after_reassembly(db_url: str, tmp_path: Path
             f"{svc.http_url}/api/v1/requests", params={"flag": "broken_trace", "limit": 500}
         ).json()
         assert len(listed["items"]) == by_flag.get("broken_trace", 0)
+        # Seconds lost by cause: what the stored summaries lost, each under its primary cause.
+        everything = httpx.get(f"{svc.http_url}/api/v1/requests", params={"limit": 500}).json()["items"]
+        stored: Counter[str] = Counter()
+        for item in everything:
+            s = get_request(svc, item["trace_id"])
+            assert s is not None
+            lost = (s.get("cost") or {}).get("ttft_s_lost") or 0.0
+            if lost > 0:
+                stored[lost_cause(f["name"] for f in s["flags"])] += lost
+        assert sum(stored.values()) > 0
+        net = _net(text, semconv.M_SECONDS_LOST, "cause")
+        assert net.keys() == stored.keys()
+        assert all(abs(net[c] - stored[c]) < 1e-6 for c in stored), (net, stored)
 
 
 def _verdict(s: dict[str, Any] | None) -> tuple[str | None, list[str]]:

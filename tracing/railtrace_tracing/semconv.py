@@ -698,13 +698,23 @@ M_PAIRINGS = _metric(
     "Prefill/decode node pairings and their topology level.",
     ("prefill_node", "decode_node", "level"),
 )
+M_SECONDS_LOST = _metric(
+    "llm_d_tracing_seconds_lost_total",
+    "counter",
+    "TTFT seconds requests lost against their aligned KV path (`cost.ttft_s_lost`), by the request's"
+    " primary cause: its first flag in incident order (`railtrace.incidents.group.PRIMARY`), `none`"
+    " for seconds lost with no flag. Sums over causes count a second once.",
+    ("cause",),
+)
+# `cause` of M_SECONDS_LOST for a request that lost seconds but carries no flag.
+CAUSE_NONE = "none"
 
 # What re-assemblies withdrew from the verdict counters above: a request re-assembled after late
-# spans (or stitched into another) whose flags, path class, pairing or resolution changed is
+# spans (or stitched into another) whose flags, path class, pairing, resolution or seconds lost changed is
 # counted under its new labels in the family and under its old ones here, so that
 # `<family>_total - <family>_retracted_total` counts the verdicts stored now (what the API and
 # the UI show) while every counter stays monotonic (docs/ui.md, "Counts that agree").
-VERDICT_COUNTERS = (M_REQUESTS, M_FLAGS, M_LEG_RESOLUTION, M_KV_TRANSFERS, M_PAIRINGS)
+VERDICT_COUNTERS = (M_REQUESTS, M_FLAGS, M_LEG_RESOLUTION, M_KV_TRANSFERS, M_PAIRINGS, M_SECONDS_LOST)
 RETRACTED: dict[str, str] = {}
 for _m in list(_METRICS):
     if _m.name in VERDICT_COUNTERS:
@@ -718,6 +728,7 @@ for _m in list(_METRICS):
 del _m
 M_REQUESTS_RETRACTED = RETRACTED[M_REQUESTS]
 M_FLAGS_RETRACTED = RETRACTED[M_FLAGS]
+M_SECONDS_LOST_RETRACTED = RETRACTED[M_SECONDS_LOST]
 # Ingest and assembly health.
 M_SPANS_RECEIVED = _metric(
     "llm_d_tracing_spans_received_total", "counter", "Spans committed, by receiver.", ("protocol",)
