@@ -82,6 +82,13 @@ def _contract_board_link() -> list[DashboardLink]:
     return [DashboardLink("Topology contract").url("/d/llm-d-tracing-contract").target_blank(False)]
 
 
+def _seconds_lost_by_cause() -> str:
+    """Seconds lost per second by cause, less re-assemblies' withdrawals (0 where none exist)."""
+    lost = f"sum by (cause) ({_rate(sel(semconv.M_SECONDS_LOST))})"
+    retracted = f"sum by (cause) ({_rate(sel(semconv.M_SECONDS_LOST_RETRACTED))})"
+    return f"{lost} - ({retracted} or {lost} * 0)"
+
+
 # -- overview -------------------------------------------------------------------------------
 
 
@@ -156,6 +163,23 @@ def overview() -> Dashboard:
                 links=[
                     DashboardLink("railtrace: requests with this flag")
                     .url(f"{RAILTRACE}/requests?flag=${{__field.labels.flag}}")
+                    .target_blank(True)
+                ],
+            )
+        )
+        .with_panel(
+            timeseries(
+                "Seconds lost by cause",
+                "TTFT seconds lost per second against the KV path the topology promised, each request "
+                "under its primary cause (`none`: off its aligned path without a flag), net of what "
+                "re-assemblies withdrew (docs/incidents.md). Exemplars open a costly request.",
+                [prom(_seconds_lost_by_cause(), "{{cause}}", exemplar=True)],
+                unit="s",
+                stacked=True,
+                width=24,
+                links=[
+                    DashboardLink("railtrace: requests with this flag")
+                    .url(f"{RAILTRACE}/requests?flag=${{__field.labels.cause}}")
                     .target_blank(True)
                 ],
             )

@@ -61,6 +61,7 @@ def test_the_service_answers_each_link_with_the_ui(service: Any, api: httpx.Clie
             link.replace("$${__value.raw}", trace_id)
             .replace("${__value.raw}", trace_id)
             .replace("${__field.labels.flag}", "tcp_fallback")
+            .replace("${__field.labels.cause}", "tcp_fallback")
             .replace("${__field.labels.path_class}", "tcp")
         )
         assert "$" not in path, path
