@@ -29,14 +29,12 @@ from decimal import Decimal
 from typing import Any
 
 import orjson
-from sqlalchemy import select
 
 from railtrace.model import Span
 from railtrace.query.budget import Budget
 from railtrace.query.reads import read_spans
 from railtrace.query.search import root_span, verdict_attributes
 from railtrace.store import Cursor, RequestQuery, Store
-from railtrace.store.schema import resources
 
 # The OTLP span kinds as Jaeger's `span.kind` tag (OpenTracing names); unspecified has none.
 SPAN_KINDS = {1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
@@ -225,15 +223,9 @@ def read_trace(
 
 
 def services(store: Store) -> list[str]:
-    """Every service that sent spans: the `service.name` of the stored resources (kept once per
-    process and scope, never deleted, so the list is short and complete)."""
-    names: set[str] = set()
-    with store.engine.connect() as conn:
-        for (blob,) in conn.execute(select(resources.c.attributes).limit(MAX_RESOURCES)):
-            attrs = (orjson.loads(blob) or {}).get("resource") or {}
-            name = attrs.get("service.name")
-            names.add(str(name) if name not in (None, "") else "unknown_service")
-    return sorted(names)
+    """Every service that sent spans (`Store.service_names`): short and complete, since a
+    resource is kept once per process and scope and never deleted."""
+    return store.service_names(MAX_RESOURCES)
 
 
 @dataclass(slots=True)

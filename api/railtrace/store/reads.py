@@ -34,6 +34,7 @@ from railtrace.store.rollup import read as rollup_read
 from railtrace.store.schema import (
     request_flags,
     requests,
+    resources,
     span_chunks,
     traces,
 )
@@ -222,6 +223,16 @@ class Reads(Job):
             params = {"ident": _text(ident), "key": forms[0], "engine_key": forms[-1]}
             blob = conn.execute(self._q.summary_by_ident, params).scalar()
         return bytes(blob) if blob is not None else None
+
+    def service_names(self, limit: int) -> list[str]:
+        """The `service.name` of the stored resources (at most `limit` rows read; kept once per
+        process and scope, never deleted), `unknown_service` for a resource without one."""
+        names: set[str] = set()
+        with self._read() as conn:
+            for (blob,) in conn.execute(select(resources.c.attributes).limit(limit)):
+                name = ((orjson.loads(blob) or {}).get("resource") or {}).get("service.name")
+                names.add(str(name) if name not in (None, "") else "unknown_service")
+        return sorted(names)
 
     def trace_exists(self, trace_id: str) -> bool:
         with self._read() as conn:

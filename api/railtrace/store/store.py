@@ -140,6 +140,10 @@ class Store:
         """`Reads.get_request_json`: the stored JSON of `get_request`, as stored."""
         return self._reads.get_request_json(ident)
 
+    def service_names(self, limit: int) -> list[str]:
+        """`Reads.service_names`: the services that sent spans."""
+        return self._reads.service_names(limit)
+
     def trace_exists(self, trace_id: str) -> bool:
         return self._reads.trace_exists(trace_id)
 
