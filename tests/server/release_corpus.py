@@ -86,22 +86,14 @@ RELEASES = [
             "prepare_disaggregation",
             True,
             True,
+            **renamed,
         )
-        for tag in ("v0.10.0", "HEAD")
-    ),
-    Release(
-        "post-v0.10.0",
-        "llm-d-router/epp",
-        "llm-d-router/pkg/epp/handlers",
-        "forward_request",
-        "prefill",
-        "decode",
-        "pick_disagg_profile",
-        "prepare_disaggregation",
-        True,
-        True,
-        root="request",
-        orchestration="request_orchestration",
+        for tag, renamed in (
+            ("v0.10.0", {}),
+            ("HEAD", {}),
+            # Router main after v0.10.0: the same hops, the EPP's roots without `gateway.`.
+            ("post-v0.10.0", {"root": "request", "orchestration": "request_orchestration"}),
+        )
     ),
 ]
 RECIPES = ("full", "decode_only")
