@@ -107,9 +107,10 @@ class ThresholdWindow:
         self._buckets: deque[list[float]] = deque()
 
     def observe(self, raw: bytes, batch: RowBatch) -> None:
-        """Count the traces of an export call by the threshold of their first span. Costs one
-        substring search for calls without `ot=` (nearly all, where no sampler writes one)."""
-        if b"ot=" not in raw or not batch.chunks:
+        """Count the traces of an export call by the threshold of their first span. Costs two
+        substring searches for calls without an `ot=…th:` tracestate (nearly all, where no
+        sampler writes one); only then is one span per trace decoded."""
+        if b"ot=" not in raw or b"th:" not in raw or not batch.chunks:
             return
         found: list[tuple[str, float | None]] = []
         for chunk in batch.chunks:
