@@ -4,8 +4,13 @@ query plans, and calls to a running service."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,6 +21,7 @@ from railtrace.otlp.encode import key_value as kv
 from railtrace.server.runner import Service
 from railtrace.settings import Settings
 from railtrace.store import Store
+from tests.reliability.reliability_helpers import free_port
 
 T0 = 1_790_000_000 * 10**9
 
@@ -301,3 +307,39 @@ def flood_export(first: int, count: int) -> ExportTraceServiceRequest:
                 attrs["gen_ai.request.model"] = f"flood-model-{n}"
             pb.attributes.extend(kv(k, v) for k, v in attrs.items())
     return req
+
+
+@contextmanager
+def serve_process(db_url: str, cwd: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`railtrace serve` in its own process on `db_url` (free ports, 127.0.0.1, quiet period
+    0.2 s unless `args` say otherwise), until it is ready: its base URL. Stopped by its PID, with
+    SIGTERM and, past 30 s, SIGKILL."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "railtrace.cli", "serve", "--port", str(port)]
+    cmd += ["--grpc-port", str(free_port())]
+    proc = subprocess.Popen(
+        [*cmd, "--quiet-period", "0.2", *args],
+        env=dict(os.environ, RAILTRACE_DB=db_url, **(env or {})),
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def ready() -> bool:
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            try:
+                return httpx.get(base + "/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(ready, timeout=60, what="railtrace serve to become ready")
+        yield base
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)

@@ -8,12 +8,8 @@ served by a small exporter in the test. The share shows in the coverage stats, i
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,8 +23,9 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace.export import SpanExportResult
 
 from railtrace_tracing import semconv
+from tests.reliability.reliability_helpers import free_port
 from tests.server.test_sampling import _traces
-from tests.service_helpers import wait_for
+from tests.service_helpers import serve_process, wait_for
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
@@ -39,12 +36,6 @@ if PROMETHEUS is None:
 TRACED = 5
 SERVED = 20  # the EPP counted four times as many requests as were traced
 VLLM_SUCCESSES = 40  # prefill and decode engines both count each P/D request
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Counters:
@@ -93,7 +84,7 @@ def counters() -> Iterator[Counters]:
 
 @pytest.fixture
 def prometheus(tmp_path: Path, counters: Counters) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
         "scrape_configs": [{"job_name": "llm-d", "static_configs": [{"targets": [counters.address]}]}],
@@ -148,38 +139,14 @@ def test_share_from_prometheus_counters(
 ) -> None:
     # Prometheus has the counters at 0 before any traffic.
     wait_for(lambda: _value(prometheus, "llm_d_epp_request_total") == 0, timeout=60, what="a first scrape")
-    port = _free_port()
-    env = dict(
-        os.environ,
-        RAILTRACE_DB=db_url,
-        RAILTRACE_GRPC_PORT=str(_free_port()),
-        RAILTRACE_SAMPLING_WINDOW_S="600",  # longer than the test: every request is inside it
-        RAILTRACE_SAMPLING_LAG_S="0",
-        RAILTRACE_SAMPLING_REFRESH_S="0.5",
-        RAILTRACE_MAX_TRACE_WAIT_S="0.5",  # the client span above the engines is not sent
-        RAILTRACE_ASSEMBLY_PROCESSES="0",
-    )
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "railtrace.cli", "serve", "--port", str(port)),
-            *("--quiet-period", "0.2", "--prometheus-url", prometheus),
-        ],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-
-        def ready() -> bool:
-            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-            try:
-                return httpx.get(base + "/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(ready, timeout=60, what="railtrace serve to become ready")
+    env = {
+        "RAILTRACE_SAMPLING_WINDOW_S": "600",  # longer than the test: every request is inside it
+        "RAILTRACE_SAMPLING_LAG_S": "0",
+        "RAILTRACE_SAMPLING_REFRESH_S": "0.5",
+        "RAILTRACE_MAX_TRACE_WAIT_S": "0.5",  # the client span above the engines is not sent
+        "RAILTRACE_ASSEMBLY_PROCESSES": "0",
+    }
+    with serve_process(db_url, tmp_path, "--prometheus-url", prometheus, env=env) as base:
         # No traffic yet: the share is unknown, not 1.
         assert _coverage(base)["sampling"]["traced_share"] is None
         exporter = OTLPSpanExporter(endpoint=base + "/v1/traces")
@@ -224,10 +191,3 @@ def test_share_from_prometheus_counters(
         script = httpx.get(base + "/ui/static/js/overview.js", timeout=10).text
         assert "app.js" in shell and "./js/overview.js" in router
         assert "group_by=coverage" in script and "traced share" in script
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)

@@ -16,11 +16,7 @@ Skipped, with the reason, when Jaeger cannot be built (no Go).
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +35,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_contex
 from benchmarks.common.jaeger import Jaeger, JaegerUnavailable, jaeger_binary
 from benchmarks.common.payload import PROCESSES, spans_of_request
 from railtrace.server.runner import Service
-from tests.service_helpers import settings_for, wait_for
+from tests.service_helpers import serve_process, settings_for, wait_for
 
 # The tags railtrace adds and Jaeger cannot: the request's verdict, on its root span only, and
 # ingest's stamps on the resource (who sent it, who vouches for its pod), on every process.
@@ -76,46 +72,11 @@ def jaegers() -> Iterator[dict[str, Jaeger]]:
             j.stop()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def railtrace(db_url: str, tmp_path: Path) -> Iterator[str]:
     """`railtrace serve` in its own process on `db_url`: its base URL."""
-    port = _free_port()
-    env = dict(os.environ, RAILTRACE_DB=db_url)
-    cmd = [sys.executable, "-m", "railtrace.cli", "serve", "--port", str(port), "--grpc-port", "0"]
-    proc = subprocess.Popen(
-        [*cmd, "--quiet-period", "0.2"],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-
-        def ready() -> bool:
-            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-            try:
-                return httpx.get(base + "/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(ready, what="railtrace serve to become ready")
+    with serve_process(db_url, tmp_path) as base:
         yield base
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 def _request_spans(seed: int) -> tuple[list[ReadableSpan], str]:
